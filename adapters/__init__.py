@@ -1,0 +1,61 @@
+"""Adapters: one module per implementation under test, found by name, dotted path or entry point."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from .base import Adapter, Capabilities
+
+AdapterFactory = Callable[[], Adapter]
+
+BUILTIN: dict[str, str] = {
+    "reference": "kvspec.adapters.reference_paged:ReferencePagedAdapter",
+    "lifecycle-sim": "kvspec.adapters.lifecycle_sim:LifecycleSimAdapter",
+    "scheduler-sim": "kvspec.adapters.scheduler_sim:SchedulerSimAdapter",
+}
+
+ENTRY_POINT_GROUP = "kvspec.adapters"
+
+
+class AdapterLoadError(Exception):
+    """The named adapter could not be found or imported."""
+
+
+def available() -> dict[str, str]:
+    """Adapter name -> dotted path, built-ins first, then installed entry points."""
+    found = dict(BUILTIN)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.value)
+    return found
+
+
+def _import(path: str) -> AdapterFactory:
+    module_name, _, attr = path.partition(":")
+    if not attr:
+        raise AdapterLoadError(f"{path!r} is not of the form 'package.module:Factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AdapterLoadError(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        factory = getattr(module, attr)
+    except AttributeError as exc:
+        raise AdapterLoadError(f"{module_name!r} has no attribute {attr!r}") from exc
+    if not callable(factory):
+        raise AdapterLoadError(f"{path!r} is not callable")
+    return factory  # type: ignore[no-any-return]
+
+
+def load(name_or_path: str) -> AdapterFactory:
+    """A factory for the adapter called ``name_or_path``: a known name or 'pkg.module:Factory'."""
+    known = available()
+    if name_or_path in known:
+        return _import(known[name_or_path])
+    if ":" in name_or_path:
+        return _import(name_or_path)
+    raise AdapterLoadError(f"unknown adapter {name_or_path!r}; known: {', '.join(sorted(known))}")
+
+
+__all__ = ["BUILTIN", "Adapter", "AdapterFactory", "AdapterLoadError", "Capabilities", "available", "load"]

@@ -1,0 +1,111 @@
+"""Adapter for the bundled paged prefix cache (reference/paged.py), the default target."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvspec.adapters.base import Capabilities
+from kvspec.reference.paged import NoFreeBlocks, PagedPrefixCache
+from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+
+PoolFactory = Callable[[Config], PagedPrefixCache]
+
+
+def _default_pool(config: Config) -> PagedPrefixCache:
+    return PagedPrefixCache(config.capacity, config.block_size, hit_cap=True)
+
+
+class ReferencePagedAdapter:
+    """Drives PagedPrefixCache. Preempted requests wait here, as in an engine's queue."""
+
+    name = "reference"
+    capabilities = Capabilities(
+        semantics=Semantics(granularity="block", eviction="lru", hit_cap=True, reset_requires_idle=True, exact=True),
+        version="0.1.0",
+    )
+
+    def __init__(self, pool_factory: PoolFactory = _default_pool) -> None:
+        self._pool_factory = pool_factory
+        self.pool = pool_factory(Config())
+        self._waiting: dict[str, tuple[tuple[int, ...], int]] = {}
+        self._prompt_len: dict[str, int] = {}
+
+    def reset(self, config: Config) -> None:
+        self.pool = self._pool_factory(config)
+        self._waiting.clear()
+        self._prompt_len.clear()
+
+    def close(self) -> None:
+        pass
+
+    def apply(self, op: Op) -> Outcome:
+        try:
+            return self._apply(op)
+        except NoFreeBlocks as exc:
+            return Outcome.refused(str(exc))
+        except ValueError as exc:
+            return Outcome.invalid(str(exc))
+
+    def _apply(self, op: Op) -> Outcome:
+        pool, req = self.pool, op.req or ""
+        if op.op == "reset_cache":
+            return Outcome.ok() if pool.reset_prefix_cache() else Outcome.refused("blocks in use")
+        if op.op == "admit":
+            if req in self._waiting:
+                raise ValueError(f"request {req!r} already exists")
+            hit = pool.allocate(req, op.tokens)
+            self._prompt_len[req] = len(op.tokens)
+            return Outcome.ok(hit)
+        if op.op == "resume":
+            if req not in self._waiting:
+                raise ValueError(f"request {req!r} is not preempted")
+            tokens, prompt_len = self._waiting[req]
+            hit = pool.allocate(req, tokens)
+            del self._waiting[req]
+            self._prompt_len[req] = prompt_len
+            return Outcome.ok(hit)
+        if op.op == "append":
+            pool.append(req, op.tokens)
+            return Outcome.ok()
+        if op.op == "release":
+            if req in self._waiting:
+                del self._waiting[req]
+                return Outcome.ok()
+            pool.free(req, keep_cached=op.keep)
+            self._prompt_len.pop(req, None)
+            return Outcome.ok()
+        if op.op == "preempt":
+            if op.mode != "recompute":
+                raise ValueError(f"unsupported preempt mode {op.mode!r}")
+            tokens = tuple(pool.req_tokens.get(req, ()))
+            pool.free(req, keep_cached=True)
+            self._waiting[req] = (tokens, self._prompt_len.pop(req, len(tokens)))
+            return Outcome.ok()
+        raise ValueError(f"unknown op {op.op!r}")
+
+    def observe(self) -> Observation:
+        pool, bs = self.pool, self.pool.block_size
+        tokens_in: dict[int, int] = {}
+        requests: dict[str, RequestView] = {}
+        for req, blocks in pool.req_blocks.items():
+            tokens = tuple(pool.req_tokens[req])
+            for i, block in enumerate(blocks):
+                tokens_in[block.block_id] = min(bs, len(tokens) - i * bs)
+            prompt_len = self._prompt_len.get(req, len(tokens))
+            requests[req] = RequestView(req, tokens, prompt_len, tuple(b.block_id for b in blocks))
+        for req, (tokens, prompt_len) in self._waiting.items():
+            requests[req] = RequestView(req, tokens, prompt_len, (), "preempted")
+        objects = {
+            b.block_id: ObjectView(b.block_id, 1, tokens_in.get(b.block_id, bs), b.ref_cnt, b.block_hash, b.hit_count)
+            for b in pool.blocks
+            if b.ref_cnt or b.block_hash is not None
+        }
+        # The pool's own accounting: queued blocks that hold no cached prefix.
+        free = sum(1 for b in pool.free_queue.values() if b.block_hash is None)
+        index = {h: (b.block_id,) for h, b in pool.cached.items()}
+        return Observation(pool.num_blocks, free, objects, requests, index)
+
+    def events(self) -> list[Event]:
+        out = [Event(kind, block_id, block_hash) for kind, block_id, block_hash in self.pool.evictions]  # type: ignore[arg-type]
+        self.pool.evictions.clear()
+        return out

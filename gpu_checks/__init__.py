@@ -1,0 +1,1 @@
+"""CUDA footprint assertions of KV block sizes (the byte side of the spec's block count)."""

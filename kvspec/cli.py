@@ -1,0 +1,145 @@
+"""The `kvspec` command line.
+
+Exit codes (a stable contract): 0 every invariant held; 1 a violation was found
+(the report and a case file say which); 2 the check could not be run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
+from kvspec.stateful_tests.report import table, write_junit, write_report
+
+EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="run the conformance suite against one adapter")
+    check.add_argument("--adapter", default="reference", help="adapter name or pkg.module:Factory (default: reference)")
+    check.add_argument("--profile", choices=sorted(PROFILES), default="ci", help="ci: deterministic, bounded (default)")
+    check.add_argument("--seed", type=int, default=None, help="random seed (overrides the ci profile's fixed one)")
+    check.add_argument("--max-examples", type=int, default=None, help="number of random op sequences")
+    check.add_argument("--report", type=Path, default=None, help="write the JSON report here")
+    check.add_argument("--junit", type=Path, default=None, help="write JUnit XML here")
+    check.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where counterexamples go")
+    check.add_argument("--step-timeout", type=float, default=30.0, help="seconds before a step counts as hung")
+    check.add_argument(
+        "--safety-only", action="store_true", help="skip the refinement checks against the spec's predictions"
+    )
+    check.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    replay = sub.add_parser("replay", help="replay a saved case on an adapter")
+    replay.add_argument("case", type=Path)
+    replay.add_argument("--adapter", default=None, help="adapter to run it on (default: the case's own)")
+
+    sub.add_parser("adapters", help="list the adapters that can be loaded")
+    return parser
+
+
+def _progress(quiet: bool) -> object:
+    last = [time.monotonic()]
+
+    def show(tally: Tally) -> None:
+        now = time.monotonic()
+        if not quiet and now - last[0] >= 2.0:
+            last[0] = now
+            print(f"  ... {tally.examples} examples, {tally.steps} steps", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        factory = load(args.adapter)
+    except AdapterLoadError as exc:
+        print(f"kvspec: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    result: Result | None = None
+    try:
+        result = run_check(
+            factory,
+            name=args.adapter,
+            profile=PROFILES[args.profile],
+            seed=args.seed,
+            max_examples=args.max_examples,
+            cases_dir=args.cases_dir,
+            step_timeout=args.step_timeout,
+            progress=_progress(args.quiet),  # type: ignore[arg-type]
+            refine=not args.safety_only,
+        )
+    finally:
+        if result is not None:
+            if args.report:
+                write_report(result, args.report)
+            if args.junit:
+                write_junit(result, args.junit)
+    print(table(result))
+    return result.exit_code
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        case = Case.load(args.case)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"kvspec: cannot read case {args.case}: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    name = args.adapter or case.adapter
+    try:
+        adapter = load(name)()
+    except (AdapterLoadError, Exception) as exc:
+        print(f"kvspec: adapter {name!r} failed to load: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    try:
+        violation = replay_ops(adapter, case.config, case.ops)
+    finally:
+        adapter.close()
+    for i, op in enumerate(case.ops):
+        print(f"  {i:>3}. {op}")
+    expected = case.expected.get("invariant")
+    if violation is None:
+        print(f"every invariant held on {len(case.ops)} ops" + (f" (the case expected {expected})" if expected else ""))
+        return EXIT_HELD
+    print(f"VIOLATED {violation.invariant} at step {violation.step}:\n{violation}")
+    return EXIT_VIOLATED
+
+
+def cmd_adapters(args: argparse.Namespace) -> int:
+    for name, path in available().items():
+        try:
+            adapter = load(name)()
+            caps = adapter.capabilities
+            adapter.close()
+            status = f"{caps.semantics.granularity} granularity, {caps.semantics.eviction} eviction, ops: {', '.join(sorted(caps.ops))}"
+        except Exception as exc:
+            status = f"not loadable: {exc}"
+        print(f"{name:<16} {path}\n{'':<16} {status}")
+    return EXIT_HELD
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        handler = {"check": cmd_check, "replay": cmd_replay, "adapters": cmd_adapters}[args.command]
+        return handler(args)
+    except KeyboardInterrupt:
+        print("kvspec: interrupted", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

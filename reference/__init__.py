@@ -1,0 +1,1 @@
+"""Reference simulators: implementations under test, sharing no code with the spec."""

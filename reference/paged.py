@@ -1,0 +1,194 @@
+"""A paged prefix cache in the style of vLLM's block pool.
+
+Physical blocks carry a ref count and, once full, a chained hash of (parent
+hash, tokens). Unreferenced blocks wait in an LRU free queue; a cached one keeps
+its hash there and is evicted lazily, when it is popped for reuse. A new request
+reuses the longest chain of cached full blocks of its prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class NoFreeBlocks(RuntimeError):
+    """Not enough free or evictable blocks; nothing was changed."""
+
+
+class Block:
+    """One physical KV block. ``block_hash`` is set only while it is full and cached."""
+
+    __slots__ = ("block_hash", "block_id", "hit_count", "ref_cnt")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: bytes | None = None
+        self.hit_count = 0
+
+    def __repr__(self) -> str:
+        return f"Block({self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
+
+
+def hash_block(parent: bytes | None, tokens: Sequence[int]) -> bytes:
+    """Chained block hash: identical only for identical token prefixes."""
+    h = hashlib.sha256(parent or b"root")
+    h.update(b"|" + ",".join(map(str, tokens)).encode())
+    return h.digest()[:16]
+
+
+class PagedPrefixCache:
+    """Block pool + prefix cache index + per-request block tables.
+
+    Invariant kept by every public method: each block is either referenced
+    (ref_cnt > 0, in some block table ref_cnt times) or in the free queue, never
+    both; a block is in ``cached`` under its hash exactly while its hash is set.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, hit_cap: bool = True) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.hit_cap = hit_cap
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached: dict[bytes, Block] = {}
+        self.req_blocks: dict[str, list[Block]] = {}
+        self.req_tokens: dict[str, list[int]] = {}
+        self.evictions: list[tuple[str, int, bytes]] = []
+
+    # -- queries ------------------------------------------------------------------
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out now: empty ones and cached unreferenced ones."""
+        return len(self.free_queue)
+
+    def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
+        """Hashes of the full blocks of ``tokens``, each chained on the previous one."""
+        hashes: list[bytes] = []
+        parent: bytes | None = None
+        for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
+            parent = hash_block(parent, tokens[start : start + self.block_size])
+            hashes.append(parent)
+        return hashes
+
+    def find_cached_prefix(self, tokens: Sequence[int]) -> list[Block]:
+        """The longest chain of cached blocks that starts the prompt, leaving one token to compute."""
+        found: list[Block] = []
+        for block_hash in self.block_hashes(tokens):
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            found.append(block)
+        if self.hit_cap:
+            found = found[: (len(tokens) - 1) // self.block_size]
+        return found
+
+    # -- block pool -----------------------------------------------------------------
+    def _take_free_blocks(self, n: int) -> list[Block]:
+        """Pop ``n`` blocks from the queue head; a cached one loses its hash (eviction)."""
+        taken = []
+        for _ in range(n):
+            _, block = self.free_queue.popitem(last=False)
+            if block.block_hash is not None:
+                del self.cached[block.block_hash]
+                self.evictions.append(("evict", block.block_id, block.block_hash))
+                block.block_hash = None
+                block.hit_count = 0
+            block.ref_cnt = 1
+            taken.append(block)
+        return taken
+
+    def _cache_full_blocks(self, req_id: str, start: int) -> None:
+        """Hash the request's full blocks from ``start`` on; an already cached hash stays with its block."""
+        blocks, tokens = self.req_blocks[req_id], self.req_tokens[req_id]
+        hashes = self.block_hashes(tokens)
+        for i in range(start, len(hashes)):
+            if hashes[i] not in self.cached:
+                blocks[i].block_hash = hashes[i]
+                self.cached[hashes[i]] = blocks[i]
+
+    def _blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # -- request lifecycle --------------------------------------------------------------
+    def allocate(self, req_id: str, tokens: Sequence[int]) -> int:
+        """Admit a request: reuse its cached prefix, allocate the rest. Returns hit tokens.
+
+        Raises NoFreeBlocks (changing nothing) when the free queue cannot cover the
+        new blocks plus the cached-free prefix blocks that leave it.
+        """
+        if not req_id or req_id in self.req_blocks:
+            raise ValueError(f"request {req_id!r} is empty or already allocated")
+        if not tokens:
+            raise ValueError("empty prompt")
+        total = self._blocks_needed(len(tokens))
+        if total > self.num_blocks:
+            raise ValueError("prompt is larger than the whole pool")
+        hit = self.find_cached_prefix(tokens)
+        leaving_queue = sum(1 for b in hit if b.ref_cnt == 0)
+        if total - len(hit) + leaving_queue > self.num_free_blocks():
+            raise NoFreeBlocks(f"{req_id}: need {total - len(hit)} new blocks")
+        for block in hit:
+            if block.ref_cnt == 0:
+                del self.free_queue[block.block_id]
+            block.ref_cnt += 1
+            block.hit_count += 1
+        self.req_blocks[req_id] = hit + self._take_free_blocks(total - len(hit))
+        self.req_tokens[req_id] = list(tokens)
+        self._cache_full_blocks(req_id, len(hit))
+        return len(hit) * self.block_size
+
+    def append(self, req_id: str, tokens: Sequence[int]) -> int:
+        """Append decoded tokens; allocate only for the blocks past the tail. Returns new blocks."""
+        if req_id not in self.req_blocks:
+            raise ValueError(f"unknown request {req_id!r}")
+        if not tokens:
+            raise ValueError("append needs at least one token")
+        blocks, current = self.req_blocks[req_id], self.req_tokens[req_id]
+        total = self._blocks_needed(len(current) + len(tokens))
+        if total > self.num_blocks:
+            raise ValueError("request would be larger than the whole pool")
+        new = total - len(blocks)
+        if new > self.num_free_blocks():
+            raise NoFreeBlocks(f"{req_id}: need {new} new blocks")
+        full_before = len(current) // self.block_size
+        blocks.extend(self._take_free_blocks(new))
+        current.extend(tokens)
+        self._cache_full_blocks(req_id, full_before)
+        return new
+
+    def free(self, req_id: str, *, keep_cached: bool = True) -> None:
+        """Drop a request's references, tail block first, onto the free queue's tail.
+
+        With keep_cached=False a block whose last reference goes is reclaimed: it
+        leaves the prefix cache at once instead of waiting for lazy eviction.
+        """
+        if req_id not in self.req_blocks:
+            raise ValueError(f"unknown request {req_id!r}")
+        blocks = self.req_blocks.pop(req_id)
+        del self.req_tokens[req_id]
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt:
+                continue
+            if block.block_hash is not None and not keep_cached:
+                del self.cached[block.block_hash]
+                self.evictions.append(("reclaim", block.block_id, block.block_hash))
+                block.block_hash = None
+                block.hit_count = 0
+            self.free_queue[block.block_id] = block
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash. Refused (False) while any block is referenced."""
+        if any(b.ref_cnt for b in self.blocks):
+            return False
+        for block in self.blocks:
+            if block.block_hash is not None:
+                self.evictions.append(("reclaim", block.block_id, block.block_hash))
+                block.block_hash = None
+                block.hit_count = 0
+        self.cached.clear()
+        return True

@@ -1,0 +1,380 @@
+"""The named invariants of the KV lifecycle.
+
+Each is a function over one transition (before, op, outcome, events, after). It
+returns None when it does not apply to that step, otherwise the list of problems
+it found (empty: held). State invariants look at ``after`` only; transition
+invariants compare ``before`` and ``after``; refinement checks compare the
+implementation with the spec's own step, for implementations that declare
+exact semantics.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .model import Content, Step, validate
+from .observation import Observation
+from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
+
+Problems = list[str] | None
+Kind = Literal["safety", "refinement"]
+
+
+@dataclass
+class KeyMemory:
+    """What each cache key was seen to stand for, learned from the request tables.
+
+    Implementations' keys are opaque (a block hash); the spec keys by content. At
+    block granularity the content of the key of the i-th block of a request is the
+    request's first (i+1)*block_size tokens; at record and entry granularity the
+    key is the prompt itself.
+    """
+
+    content: dict[Hashable, Content] = field(default_factory=dict)
+    key_of: dict[Content, Hashable] = field(default_factory=dict)
+
+    def content_of(self, key: Hashable, semantics: Semantics) -> Content | None:
+        if semantics.granularity != "block":
+            return key if isinstance(key, tuple) else None
+        return self.content.get(key)
+
+
+@dataclass(frozen=True)
+class Transition:
+    before: Observation
+    op: Op
+    outcome: Outcome
+    events: tuple[Event, ...]
+    after: Observation
+    config: Config
+    semantics: Semantics
+    memory: KeyMemory
+    predicted: Step | None = None  # the spec's step, where the adapter declares exact semantics
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    kind: Kind
+    check: Callable[[Transition], Problems]
+
+    @property
+    def doc(self) -> str:
+        return (self.check.__doc__ or "").strip().splitlines()[0]
+
+
+def _bad_input(t: Transition) -> str | None:
+    try:
+        validate(t.op, t.before, t.config, t.semantics)
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+# -- safety: state invariants -----------------------------------------------------
+
+
+def capacity_conservation(t: Transition) -> Problems:
+    """free + sum of object sizes == capacity, and free >= 0."""
+    obs = t.after
+    used = sum(o.size for o in obs.objects.values())
+    problems = []
+    if obs.capacity != t.config.capacity:
+        problems.append(f"capacity is {obs.capacity}, configured {t.config.capacity}")
+    if obs.free < 0:
+        problems.append(f"free capacity is negative ({obs.free})")
+    if obs.free + used != obs.capacity:
+        problems.append(f"free {obs.free} + held {used} != capacity {obs.capacity}")
+    return problems
+
+
+def non_negative_ref_counts(t: Transition) -> Problems:
+    """No object's ref count is below zero."""
+    return [f"object {o.oid!r} has ref_count {o.ref_count}" for o in t.after.objects.values() if o.ref_count < 0]
+
+
+def ref_count_matches_references(t: Transition) -> Problems:
+    """Each object's ref count equals the number of live request references to it."""
+    obs = t.after
+    refs = obs.referencing()
+    problems = [
+        f"object {o.oid!r} has ref_count {o.ref_count} but {refs.get(o.oid, 0)} live references"
+        for o in obs.objects.values()
+        if o.ref_count != refs.get(o.oid, 0)
+    ]
+    problems += [
+        f"a request references object {oid!r}, which holds no capacity" for oid in refs if oid not in obs.objects
+    ]
+    return problems
+
+
+def tail_rounding(t: Transition) -> Problems:
+    """An object of n tokens takes ceil(n / block_size) blocks; a request holds exactly that many."""
+    obs, cfg, sem = t.after, t.config, t.semantics
+    problems = []
+    for o in obs.objects.values():
+        if sem.granularity == "block":
+            if o.size != 1 or not 1 <= o.tokens <= cfg.block_size:
+                problems.append(f"block {o.oid!r} has size {o.size} holding {o.tokens} tokens")
+        elif o.size != size_of(o.tokens, cfg, sem.granularity):
+            problems.append(
+                f"object {o.oid!r} holds {o.tokens} tokens in size {o.size}, "
+                f"expected {size_of(o.tokens, cfg, sem.granularity)}"
+            )
+    if sem.granularity == "block":
+        for r in obs.requests.values():
+            want = blocks_for(len(r.tokens), cfg.block_size) if r.state == "running" else 0
+            if len(r.objects) != want:
+                problems.append(
+                    f"request {r.req!r} has {len(r.tokens)} tokens in {len(r.objects)} blocks, expected {want}"
+                )
+    return problems
+
+
+def cache_index_consistency(t: Transition) -> Problems:
+    """Every index entry names an object cached under that key, holding that key's tokens."""
+    obs, sem, bs = t.after, t.semantics, t.config.block_size
+    problems = []
+    for key, oids in (obs.index or {}).items():
+        for oid in oids:
+            obj = obs.objects.get(oid)
+            if obj is None:
+                problems.append(f"index entry {key!r} points to object {oid!r}, which is free")
+            elif obj.key != key:
+                problems.append(f"index entry {key!r} points to object {oid!r}, cached as {obj.key!r}")
+    memory = t.memory
+    for r in obs.requests.values():
+        for i, oid in enumerate(r.objects):
+            obj = obs.objects.get(oid)
+            if obj is None or obj.key is None:
+                continue
+            if sem.granularity == "block":
+                content = r.tokens[: (i + 1) * bs]
+                if len(content) < (i + 1) * bs:
+                    problems.append(f"partial block {oid!r} of request {r.req!r} carries cache key {obj.key!r}")
+                    continue
+            else:
+                content = r.tokens[: r.prompt_len]
+            seen = memory.content.get(obj.key)
+            if seen is None:
+                memory.content[obj.key] = content
+                memory.key_of.setdefault(content, obj.key)
+            elif seen != content:
+                problems.append(
+                    f"object {oid!r} at position {i} of request {r.req!r} carries key {obj.key!r}, "
+                    f"cached for other tokens"
+                )
+    if sem.granularity != "block":
+        for o in obs.objects.values():
+            if o.key is not None and o.key != o.oid and not isinstance(o.key, tuple):
+                problems.append(f"object {o.oid!r}: record and entry keys must be the prompt tokens")
+    return problems
+
+
+# -- safety: transition invariants --------------------------------------------------
+
+
+def share_without_duplication(t: Transition) -> Problems:
+    """A cached prefix is shared by reference, never copied; partial tail blocks are never shared."""
+    before, after, sem = t.before, t.after, t.semantics
+    problems = []
+    if sem.granularity == "block":
+        refs = after.referencing()
+        for oid, n in refs.items():
+            obj = after.objects.get(oid)
+            if n > 1 and obj is not None and obj.key is None:
+                problems.append(f"uncached block {oid!r} is referenced {n} times")
+    if t.op.op not in ("admit", "resume") or t.outcome.status != "ok":
+        return problems
+    index = before.index or {}
+    if sem.granularity == "entry":
+        holders = [o.oid for o in after.objects.values() if o.key == t.op.tokens]
+        if len(holders) != 1:
+            problems.append(f"prompt of {t.op.req!r} is held by {len(holders)} entries {holders!r}")
+        return problems
+    request = after.requests.get(t.op.req or "")
+    if request is None:
+        return problems + [f"admitted request {t.op.req!r} is not live"]
+    if sem.granularity == "block":
+        bs, n = t.config.block_size, len(request.tokens)
+        chain = 0
+        while chain < n // bs:
+            key = t.memory.key_of.get(request.tokens[: (chain + 1) * bs])
+            if key is None or key not in index:
+                break
+            chain += 1
+        if sem.hit_cap:
+            chain = min(chain, (n - 1) // bs)
+        for i in range(min(chain, len(request.objects))):
+            key = t.memory.key_of[request.tokens[: (i + 1) * bs]]
+            if request.objects[i] not in index[key]:
+                problems.append(
+                    f"block {i} of {t.op.req!r} is new object {request.objects[i]!r} although "
+                    f"its prefix was cached as {index[key]!r}"
+                )
+    else:
+        key = request.tokens[: request.prompt_len]
+        holders = [o.oid for o in after.objects.values() if o.key == key]
+        if len(holders) > 1:
+            problems.append(f"prompt of {t.op.req!r} is held by {len(holders)} objects {holders!r}")
+        if key in index and request.objects and request.objects[0] not in index[key]:
+            problems.append(f"{t.op.req!r} got a new object although its prompt was cached")
+    return problems
+
+
+def no_active_eviction(t: Transition) -> Problems:
+    """Only unreferenced objects are evicted or reclaimed; a running request's blocks stay put."""
+    before, after, target = t.before, t.after, t.op.req
+    others = {rid: r for rid, r in before.requests.items() if rid != target}
+    readers: dict[Hashable, list[str]] = {}
+    for rid, r in others.items():
+        for oid in r.objects:
+            readers.setdefault(oid, []).append(rid)
+    problems = [
+        f"{e.kind} of object {e.oid!r} while request(s) {readers[e.oid]} still read it"
+        for e in t.events
+        if e.oid in readers
+    ]
+    for rid, r in others.items():
+        now = after.requests.get(rid)
+        if now is None:
+            problems.append(f"request {rid!r} vanished during {t.op}")
+            continue
+        if now.objects != r.objects:
+            problems.append(f"block table of request {rid!r} changed from {r.objects!r} to {now.objects!r}")
+            continue
+        for oid in r.objects:
+            was, obj = before.objects.get(oid), after.objects.get(oid)
+            if was is not None and (obj is None or obj.key != was.key):
+                problems.append(f"object {oid!r} read by {rid!r} lost its cached content during {t.op}")
+    mine = after.requests.get(target or "")
+    if mine is not None and t.semantics.granularity == "block":
+        was_live = before.requests.get(target or "")
+        held_before = set(was_live.objects) if was_live is not None else set()
+        for oid in set(mine.objects) - held_before:
+            was = before.objects.get(oid)
+            if oid in readers and (was is None or was.key is None):
+                problems.append(f"uncached block {oid!r} of request(s) {readers[oid]} handed to {target!r}")
+    return problems
+
+
+def atomic_failure(t: Transition) -> Problems:
+    """A refused or rejected operation changes nothing observable and evicts nothing."""
+    if t.outcome.status == "ok":
+        return None
+    b, a = t.before, t.after
+    problems = []
+    if t.events:
+        problems.append(f"refused {t.op} emitted {len(t.events)} event(s)")
+    if b.free != a.free:
+        problems.append(f"free capacity went from {b.free} to {a.free}")
+    for oid in set(b.objects) | set(a.objects):
+        if b.objects.get(oid) != a.objects.get(oid):
+            problems.append(f"object {oid!r} changed: {b.objects.get(oid)} -> {a.objects.get(oid)}")
+    for rid in set(b.requests) | set(a.requests):
+        if b.requests.get(rid) != a.requests.get(rid):
+            problems.append(f"request {rid!r} changed")
+    if (b.index or {}) != (a.index or {}):
+        problems.append("cache index changed")
+    return problems
+
+
+def bad_input_rejected(t: Transition) -> Problems:
+    """Bad input gets the spec's error; valid input never does."""
+    expected = _bad_input(t)
+    if expected is not None and t.outcome.status != "invalid":
+        return [f"{t.op} is bad input ({expected}) but the outcome was {t.outcome.status!r}"]
+    if expected is None and t.outcome.status == "invalid":
+        return [f"{t.op} is valid but was rejected as bad input: {t.outcome.message}"]
+    return []
+
+
+# -- refinement: the implementation does what the spec predicts ---------------------
+
+
+def predicted_admission(t: Transition) -> Problems:
+    """An operation succeeds exactly when the spec says it fits (no spurious refusal)."""
+    p = t.predicted
+    if p is None or p.outcome.status == "invalid":
+        return None
+    if p.outcome.status != t.outcome.status:
+        why = "capacity was really there" if p.outcome.status == "ok" else "it does not fit"
+        return [f"{t.op} was {t.outcome.status!r}, spec says {p.outcome.status!r} ({why})"]
+    return []
+
+
+def predicted_prefix_hits(t: Transition) -> Problems:
+    """An admission serves exactly as many prompt tokens from cache as the spec predicts."""
+    p = t.predicted
+    if p is None or t.op.op not in ("admit", "resume") or t.outcome.hit_tokens is None:
+        return None
+    if p.outcome.status != "ok" or t.outcome.status != "ok":
+        return None
+    if p.outcome.hit_tokens != t.outcome.hit_tokens:
+        return [f"{t.op} hit {t.outcome.hit_tokens} cached tokens, spec predicts {p.outcome.hit_tokens}"]
+    return []
+
+
+def predicted_free_capacity(t: Transition) -> Problems:
+    """Free capacity after each step is what the spec predicts."""
+    p = t.predicted
+    if p is None:
+        return None
+    if p.free != t.after.free:
+        return [f"free capacity after {t.op} is {t.after.free}, spec predicts {p.free}"]
+    return []
+
+
+def predicted_eviction(t: Transition) -> Problems:
+    """The objects evicted and reclaimed are exactly those the declared policy picks."""
+    p = t.predicted
+    if p is None:
+        return None
+    problems = []
+    for kind, want in (("evict", p.evicted), ("reclaim", p.reclaimed)):
+        got = []
+        for e in t.events:
+            if e.kind != kind:
+                continue
+            obj = t.before.objects.get(e.oid)
+            key = e.key if e.key is not None else (obj.key if obj is not None else None)
+            content = t.memory.content_of(key, t.semantics) if key is not None else None
+            got.append(content)
+        if Counter(got) != Counter(want):
+            problems.append(f"{t.op}: {kind}ed {len(got)} object(s) {_short(got)}, spec's policy picks {_short(want)}")
+    return problems
+
+
+def _short(contents: object) -> str:
+    text = repr(contents)
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("capacity_conservation", "safety", capacity_conservation),
+    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
+    Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
+    Invariant("no_active_eviction", "safety", no_active_eviction),
+    Invariant("atomic_failure", "safety", atomic_failure),
+    Invariant("share_without_duplication", "safety", share_without_duplication),
+    Invariant("tail_rounding", "safety", tail_rounding),
+    Invariant("cache_index_consistency", "safety", cache_index_consistency),
+    Invariant("bad_input_rejected", "safety", bad_input_rejected),
+    Invariant("predicted_admission", "refinement", predicted_admission),
+    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),
+    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity),
+    Invariant("predicted_eviction", "refinement", predicted_eviction),
+)
+
+ADAPTER_CONTRACT = "adapter_contract"
+"""Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""
+
+INVARIANT_NAMES: tuple[str, ...] = tuple(i.name for i in INVARIANTS) + (ADAPTER_CONTRACT,)
+
+
+def check_transition(t: Transition) -> dict[str, Problems]:
+    """Run every invariant on one transition: name -> None (not applicable) or problems."""
+    return {inv.name: inv.check(t) for inv in INVARIANTS}

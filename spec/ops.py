@@ -1,0 +1,171 @@
+"""Operations, outcomes and pool configuration of the KV lifecycle spec.
+
+Operations are request-level and engine-neutral. Evict and reclaim are never
+called from outside: they happen inside an operation and come back as events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Granularity = Literal["block", "record", "entry"]
+OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
+Status = Literal["ok", "refused", "invalid"]
+EvictionOrder = Literal["lru", "lifecycle", "score"]
+
+OP_KINDS: tuple[OpKind, ...] = ("admit", "append", "release", "preempt", "resume", "reset_cache")
+
+
+class SpecError(ValueError):
+    """Bad input. The spec's defined outcome is this error and no state change."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The pool under test.
+
+    capacity: blocks at block and record granularity, bytes at entry granularity.
+    block_size: tokens per block. bytes_per_token: size unit of an entry.
+    """
+
+    capacity: int = 8
+    block_size: int = 4
+    bytes_per_token: int = 1
+
+    def __post_init__(self) -> None:
+        if self.capacity <= 0 or self.block_size <= 0 or self.bytes_per_token <= 0:
+            raise SpecError("capacity, block_size and bytes_per_token must be positive")
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "capacity": self.capacity,
+            "block_size": self.block_size,
+            "bytes_per_token": self.bytes_per_token,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Config:
+        return cls(**{k: int(v) for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class Semantics:
+    """What an implementation declares about itself; the spec is parameterised by it.
+
+    granularity: what a cache object is (one block, one shared record, one entry).
+    eviction: the order unreferenced objects are evicted in. ``lru`` is the free
+      queue (released blocks join the tail, tail blocks of a request first; the
+      head is popped, cached or not); ``lifecycle`` is lowest (hits, last_used,
+      -size) first; ``score`` is lowest retention score, then oldest, first.
+    hit_cap: a prefix hit leaves at least one prompt token to compute (vLLM).
+    reset_requires_idle: reset_cache is refused while any object is referenced.
+    exact: the implementation claims these semantics exactly, so the spec's
+      predictions (free capacity, hits, admission, evicted object) must match.
+    """
+
+    granularity: Granularity = "block"
+    eviction: EvictionOrder = "lru"
+    hit_cap: bool = True
+    reset_requires_idle: bool = True
+    exact: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "granularity": self.granularity,
+            "eviction": self.eviction,
+            "hit_cap": self.hit_cap,
+            "reset_requires_idle": self.reset_requires_idle,
+            "exact": self.exact,
+        }
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens: a partial tail still takes a whole block."""
+    return -(-tokens // block_size)
+
+
+def size_of(tokens: int, config: Config, granularity: Granularity) -> int:
+    """Capacity an object of ``tokens`` tokens occupies at this granularity."""
+    if granularity == "entry":
+        return tokens * config.bytes_per_token
+    return blocks_for(tokens, config.block_size)
+
+
+@dataclass(frozen=True)
+class Op:
+    """One request-level operation. ``tokens`` is the prompt (admit) or the new tokens (append)."""
+
+    op: OpKind
+    req: str | None = None
+    tokens: tuple[int, ...] = ()
+    keep: bool = True
+    mode: str = "recompute"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op}
+        if self.req is not None:
+            out["req"] = self.req
+        if self.op in ("admit", "append"):
+            out["tokens"] = list(self.tokens)
+        if self.op == "release":
+            out["keep"] = self.keep
+        if self.op == "preempt":
+            out["mode"] = self.mode
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Op:
+        kind = data.get("op")
+        if kind not in OP_KINDS:
+            raise SpecError(f"unknown op {kind!r}")
+        req = data.get("req")
+        return cls(
+            op=kind,
+            req=None if req is None else str(req),
+            tokens=tuple(int(t) for t in data.get("tokens", ())),
+            keep=bool(data.get("keep", True)),
+            mode=str(data.get("mode", "recompute")),
+        )
+
+    def __str__(self) -> str:
+        args = [repr(self.req)] if self.req is not None else []
+        if self.op in ("admit", "append"):
+            args.append(f"tokens={list(self.tokens)}")
+        if self.op == "release" and not self.keep:
+            args.append("keep=False")
+        if self.op == "preempt" and self.mode != "recompute":
+            args.append(f"mode={self.mode!r}")
+        return f"{self.op}({', '.join(args)})"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an operation did. ``hit_tokens``: prompt tokens served from cache (admit, resume)."""
+
+    status: Status
+    hit_tokens: int | None = None
+    message: str = ""
+
+    @classmethod
+    def ok(cls, hit_tokens: int | None = None) -> Outcome:
+        return cls("ok", hit_tokens)
+
+    @classmethod
+    def refused(cls, message: str = "") -> Outcome:
+        return cls("refused", None, message)
+
+    @classmethod
+    def invalid(cls, message: str = "") -> Outcome:
+        return cls("invalid", None, message)
+
+
+@dataclass(frozen=True)
+class Event:
+    """An object left the cache inside an operation: ``evict`` under pressure, ``reclaim`` on purpose."""
+
+    kind: Literal["evict", "reclaim"]
+    oid: Hashable
+    key: Hashable | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)

@@ -1,0 +1,336 @@
+"""The conformance suite: run the state machine against one adapter and judge every invariant.
+
+A failure is shrunk by Hypothesis, saved as a JSON case, and replayed on a fresh
+adapter before it is reported; one that does not reproduce is reported as flaky.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.errors import Flaky
+from hypothesis.stateful import run_state_machine_as_test
+from kvspec.adapters import AdapterFactory
+from kvspec.adapters.base import Adapter
+from kvspec.spec import INVARIANTS, Config, Op
+from kvspec.spec.invariants import ADAPTER_CONTRACT
+
+from .harness import AdapterHung, Harness, Tally, Violation
+from .machine import build_machine
+from .strategies import PoolRanges
+
+CASE_SCHEMA = 1
+REPORT_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How hard to look. ``ci`` is deterministic and bounded; ``thorough`` is random and long."""
+
+    name: str
+    max_examples: int
+    step_count: int
+    derandomize: bool
+    ranges: PoolRanges = PoolRanges()
+
+
+PROFILES: dict[str, Profile] = {
+    "ci": Profile("ci", max_examples=200, step_count=40, derandomize=True),
+    "thorough": Profile("thorough", max_examples=3000, step_count=80, derandomize=False),
+}
+
+
+@dataclass
+class Case:
+    """A replayable counterexample: the pool, the ops, and what broke where."""
+
+    adapter: str
+    config: Config
+    ops: list[Op]
+    expected: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kvspec_case": CASE_SCHEMA,
+            "adapter": self.adapter,
+            "config": self.config.to_json(),
+            "ops": [op.to_json() for op in self.ops],
+            "expected": self.expected,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Case:
+        if data.get("kvspec_case") != CASE_SCHEMA:
+            raise ValueError(f"not a kvspec case file (kvspec_case={data.get('kvspec_case')!r})")
+        return cls(
+            adapter=str(data.get("adapter", "")),
+            config=Config.from_json(data["config"]),
+            ops=[Op.from_json(op) for op in data["ops"]],
+            expected=dict(data.get("expected", {})),
+        )
+
+    def save(self, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_json(), indent=1)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+        name = (
+            f"{self.adapter.replace('/', '_').replace(':', '_')}-{self.expected.get('invariant', 'case')}-{digest}.json"
+        )
+        path = directory / name
+        path.write_text(text + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Case:
+        return cls.from_json(json.loads(path.read_text()))
+
+
+@dataclass
+class Result:
+    """Everything a check found; ``exit_code`` follows the external contract (0, 1, 2)."""
+
+    adapter: str
+    adapter_version: str
+    profile: str
+    seed: int | None
+    started_at: str
+    tally: Tally
+    duration_s: float = 0.0
+    status: str = "passed"  # passed | violated | error | interrupted
+    error: str = ""
+    failure: Violation | None = None
+    failure_ops: list[Op] = field(default_factory=list)
+    failure_config: Config | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    cases: list[str] = field(default_factory=list)
+    applicable: frozenset[str] = frozenset()
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "violated":
+            return 1
+        return 2 if self.status in ("error", "interrupted") else 0
+
+    def verdicts(self) -> list[dict[str, Any]]:
+        """One row per invariant: held, violated, or unknown (never exercised here)."""
+        rows = []
+        kinds = {inv.name: inv.kind for inv in INVARIANTS}
+        for name in [*kinds, ADAPTER_CONTRACT]:
+            checked = self.tally.checked.get(name, 0)
+            first = self.tally.first_violation.get(name)
+            verdict = "violated" if first else ("held" if checked and name in self.applicable else "unknown")
+            rows.append(
+                {
+                    "name": name,
+                    "kind": kinds.get(name, "adapter"),
+                    "verdict": verdict,
+                    "checked_steps": checked,
+                    "first_violation": first,
+                }
+            )
+        return rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kvspec_report": REPORT_SCHEMA,
+            "adapter": self.adapter,
+            "adapter_version": self.adapter_version,
+            "profile": self.profile,
+            "seed": self.seed,
+            "started_at": self.started_at,
+            "duration_s": round(self.duration_s, 3),
+            "examples": self.tally.examples,
+            "steps": self.tally.steps,
+            "status": self.status,
+            "error": self.error,
+            "invariants": self.verdicts(),
+            "coverage": dict(sorted(self.tally.coverage.items())),
+            "findings": self.findings,
+            "cases": self.cases,
+        }
+
+
+def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
+    """Invariants that can be judged for this adapter (refinement needs declared exact semantics)."""
+    exact = adapter.capabilities.semantics.exact and refine
+    return frozenset(inv.name for inv in INVARIANTS if inv.kind == "safety" or exact) | {ADAPTER_CONTRACT}
+
+
+def replay_ops(
+    adapter: Adapter, config: Config, ops: Sequence[Op], tally: Tally | None = None, *, refine: bool = True
+) -> Violation | None:
+    """Run ``ops`` on a fresh pool; the first violation, or None when every invariant held."""
+    harness = Harness(adapter, config, tally, refine=refine)
+    try:
+        for op in ops:
+            harness.step(op)
+    except Violation as violation:
+        return violation
+    return None
+
+
+def run_check(
+    factory: AdapterFactory,
+    *,
+    name: str,
+    profile: Profile,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    cases_dir: Path = Path(".kvspec/cases"),
+    step_timeout: float | None = 30.0,
+    progress: Callable[[Tally], None] | None = None,
+    extra_cases: Sequence[Case] = (),
+    refine: bool = True,
+) -> Result:
+    """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
+
+    refine=False checks the safety invariants only, even for adapters that declare
+    exact semantics.
+    """
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    tally = Tally()
+    result = Result(name, "", profile.name, seed, started, tally)
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvspec-adapter")
+    adapter: Adapter | None = None
+    try:
+        adapter = factory()
+        result.adapter_version = adapter.capabilities.version
+        result.applicable = applicable_invariants(adapter, refine)
+        for case in extra_cases:
+            violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
+            if violation is not None:
+                _record_failure(result, factory, case.config, case.ops, violation, cases_dir, name, refine)
+                return result
+        machine = build_machine(
+            adapter, tally, profile.ranges, step_timeout=step_timeout, executor=executor, refine=refine
+        )
+        if progress is not None:
+            machine = _with_progress(machine, tally, progress)
+        run_settings = settings(
+            max_examples=max_examples or profile.max_examples,
+            stateful_step_count=profile.step_count,
+            derandomize=profile.derandomize and seed is None,
+            database=None,
+            deadline=None,
+            verbosity=Verbosity.quiet,
+            report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck),
+            # The explain phase costs several times the shrink itself on stateful tests.
+            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+        )
+        if seed is not None:
+            machine = hypothesis.seed(seed)(machine)
+        run_state_machine_as_test(machine, settings=run_settings)
+    except Violation as violation:
+        config, ops, final = tally.last_failure or (Config(), [], violation)
+        _record_failure(result, factory, config, ops, final, cases_dir, name, refine)
+    except Flaky as exc:
+        result.status = "violated"
+        result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
+        if tally.last_failure is not None:
+            config, ops, violation = tally.last_failure
+            case = _case(name, config, ops, violation)
+            result.cases.append(str(case.save(cases_dir)))
+    except AdapterHung as hung:
+        result.status = "violated"
+        tally.first_violation.setdefault(
+            ADAPTER_CONTRACT, {"step": hung.step, "op": hung.op.to_json(), "problems": [str(hung)]}
+        )
+        result.findings.append({"kind": ADAPTER_CONTRACT, "message": str(hung)})
+        config = tally.last_failure[0] if tally.last_failure else Config()
+        ops = tally.last_failure[1] if tally.last_failure else [hung.op]
+        result.failure_ops, result.failure_config = ops, config
+        case = Case(name, config, ops, {"invariant": ADAPTER_CONTRACT, "step": hung.step, "problems": [str(hung)]})
+        result.cases.append(str(case.save(cases_dir)))
+    except KeyboardInterrupt:
+        result.status = "interrupted"
+        result.error = "interrupted"
+    except Exception as exc:  # the adapter could not be built or reset: the check could not run
+        result.status = "error"
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+        if adapter is not None:
+            try:
+                adapter.close()
+            except Exception as exc:
+                result.findings.append({"kind": "close", "message": f"adapter.close() raised {exc!r}"})
+        result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def _case(name: str, config: Config, ops: Sequence[Op], violation: Violation) -> Case:
+    return Case(
+        name,
+        config,
+        list(ops),
+        {
+            "invariant": violation.invariant,
+            "violated": sorted(violation.failures),
+            "step": violation.step,
+            "problems": [p for ps in violation.failures.values() for p in ps][:8],
+        },
+    )
+
+
+def _record_failure(
+    result: Result,
+    factory: AdapterFactory,
+    config: Config,
+    ops: Sequence[Op],
+    violation: Violation,
+    cases_dir: Path,
+    name: str,
+    refine: bool,
+) -> None:
+    """Save the shrunk case, replay it on a fresh adapter, and report what broke."""
+    result.status = "violated"
+    result.failure, result.failure_ops, result.failure_config = violation, list(ops), config
+    # The shrunk example is the one reported; earlier, longer examples only count as checked steps.
+    for inv in list(result.tally.first_violation):
+        if inv not in violation.failures:
+            del result.tally.first_violation[inv]
+    for inv, problems in violation.failures.items():
+        result.tally.first_violation[inv] = {
+            "step": violation.step,
+            "op": violation.op.to_json(),
+            "problems": problems[:5],
+        }
+        kind = next((i.kind for i in INVARIANTS if i.name == inv), "adapter")
+        if kind != "safety":
+            result.findings.append({"kind": kind, "invariant": inv, "step": violation.step, "problems": problems[:5]})
+    case = _case(name, config, ops, violation)
+    result.cases.append(str(case.save(cases_dir)))
+    fresh: Adapter = factory()
+    try:
+        again = replay_ops(fresh, config, ops, refine=refine)
+    finally:
+        fresh.close()
+    if again is None or again.invariant != violation.invariant:
+        seen = "nothing" if again is None else again.invariant
+        result.findings.append(
+            {"kind": "flaky", "message": f"the shrunk case did not reproduce on a fresh adapter (got {seen})"}
+        )
+
+
+def _with_progress(machine: type, tally: Tally, progress: Callable[[Tally], None]) -> type:
+    """Wrap the machine so that ``progress`` sees the tally after each example's first step."""
+
+    class WithProgress(machine):  # type: ignore[valid-type,misc]
+        def teardown(self) -> None:
+            progress(tally)
+            super().teardown()
+
+    WithProgress.__name__ = machine.__name__
+    return WithProgress

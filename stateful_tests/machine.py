@@ -1,0 +1,170 @@
+"""The Hypothesis state machine that drives any adapter through the spec operations.
+
+Each rule is one request-level operation; the harness checks every invariant after
+every step, so the machine itself holds no assertions. Which requests are running
+or preempted is read from the adapter's own observation, never guessed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from kvspec.adapters.base import Adapter
+from kvspec.spec import Config, Op
+
+from .harness import Harness, Tally
+from .strategies import (
+    ALPHABET,
+    PoolRanges,
+    cold_prompt,
+    configs,
+    families,
+    family_prompt,
+    fork_prompt,
+    long_prompt,
+    pick,
+    tokens,
+)
+
+
+def max_prompt_tokens(config: Config, granularity: str) -> int:
+    """The longest prompt that fits in an empty pool."""
+    if granularity == "entry":
+        return config.capacity // config.bytes_per_token
+    return config.capacity * config.block_size
+
+
+def build_machine(
+    adapter: Adapter,
+    tally: Tally,
+    ranges: PoolRanges = PoolRanges(),
+    *,
+    step_timeout: float | None = None,
+    executor: concurrent.futures.ThreadPoolExecutor | None = None,
+    refine: bool = True,
+) -> type[RuleBasedStateMachine]:
+    """A state machine class bound to one adapter instance, reset at the start of each example."""
+    caps = adapter.capabilities
+    ops = caps.ops
+    granularity = caps.semantics.granularity
+
+    class KVLifecycle(RuleBasedStateMachine):
+        harness: Harness
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.next_id = 0
+            self.history: list[tuple[int, ...]] = []
+            self.templates: list[tuple[int, ...]] = []
+
+        @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())
+        def start(self, config: Config, data: st.DataObject) -> None:
+            self.harness = Harness(adapter, config, tally, step_timeout=step_timeout, executor=executor, refine=refine)
+            self.templates = data.draw(families(config.block_size), label="templates")
+            self.max_tokens = max_prompt_tokens(config, granularity)
+
+        def _requests(self, state: str) -> list[str]:
+            return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
+
+        def _step(self, op: Op) -> None:
+            self.harness.step(op)
+
+        def _admit(self, prompt: tuple[int, ...]) -> None:
+            prompt = prompt[: self.max_tokens]
+            req = f"r{self.next_id}"
+            self.next_id += 1
+            self.history.append(prompt)
+            self._step(Op("admit", req, prompt))
+
+        @rule(data=st.data())
+        def admit_family(self, data: st.DataObject) -> None:
+            self._admit(family_prompt(data, self.templates, self.harness.config))
+
+        @precondition(lambda self: bool(self.history))
+        @rule(data=st.data())
+        def admit_fork(self, data: st.DataObject) -> None:
+            self._admit(fork_prompt(data, self.history, self.harness.config))
+
+        @rule(data=st.data())
+        def admit_cold(self, data: st.DataObject) -> None:
+            self._admit(cold_prompt(data, self.next_id, self.harness.config))
+
+        @rule(data=st.data())
+        def admit_long(self, data: st.DataObject) -> None:
+            self._admit(long_prompt(data, self.templates, self.max_tokens))
+
+        @precondition(
+            lambda self: "append" in ops and any(r.state == "running" for r in self.harness.obs.requests.values())
+        )
+        @rule(data=st.data())
+        def decode(self, data: st.DataObject) -> None:
+            running = self._requests("running")
+            self._append(running[pick(data, running, "req")], (data.draw(ALPHABET, label="token"),))
+
+        @precondition(
+            lambda self: "append" in ops and any(r.state == "running" for r in self.harness.obs.requests.values())
+        )
+        @rule(data=st.data())
+        def append_chunk(self, data: st.DataObject) -> None:
+            running = self._requests("running")
+            new = data.draw(tokens(1, 2 * self.harness.config.block_size), label="tokens")
+            self._append(running[pick(data, running, "req")], new)
+
+        def _append(self, req: str, new: tuple[int, ...]) -> None:
+            self._step(Op("append", req, new))
+            request = self.harness.obs.requests.get(req)
+            if request is not None:
+                self.history.append(request.tokens)
+
+        @precondition(lambda self: "release" in ops and bool(self.harness.obs.requests))
+        @rule(data=st.data(), keep=st.booleans())
+        def release(self, data: st.DataObject, keep: bool) -> None:
+            live = sorted(self.harness.obs.requests)
+            self._step(Op("release", live[pick(data, live, "req")], keep=keep))
+
+        @precondition(
+            lambda self: "preempt" in ops and any(r.state == "running" for r in self.harness.obs.requests.values())
+        )
+        @rule(data=st.data())
+        def preempt(self, data: st.DataObject) -> None:
+            running = self._requests("running")
+            self._step(Op("preempt", running[pick(data, running, "req")]))
+
+        @precondition(
+            lambda self: "resume" in ops and any(r.state == "preempted" for r in self.harness.obs.requests.values())
+        )
+        @rule(data=st.data())
+        def resume(self, data: st.DataObject) -> None:
+            waiting = self._requests("preempted")
+            self._step(Op("resume", waiting[pick(data, waiting, "req")]))
+
+        @precondition(lambda self: "reset_cache" in ops and bool(self.harness.obs.objects))
+        @rule()
+        def reset_cache(self) -> None:
+            self._step(Op("reset_cache"))
+
+        @rule(data=st.data())
+        def bad_input(self, data: st.DataObject) -> None:
+            """Inputs the spec defines as errors: each must be rejected and change nothing."""
+            live = sorted(self.harness.obs.requests)
+            candidates = [
+                Op("admit", f"r{self.next_id}", ()),
+                Op("admit", f"r{self.next_id}", (0,) * (self.max_tokens + 1)),
+                Op("release", "ghost"),
+            ]
+            if "append" in ops:
+                candidates.append(Op("append", "ghost", (1,)))
+            if live:
+                req = live[pick(data, live, "req")]
+                candidates.append(Op("admit", req, (1,)))
+                if "append" in ops:
+                    candidates.append(Op("append", req, ()))
+            gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
+            if gone and "release" in ops:
+                candidates.append(Op("release", gone[pick(data, gone, "released")]))
+            self._step(candidates[pick(data, candidates, "bad_op")])
+
+    KVLifecycle.__name__ = f"KVLifecycle[{adapter.name}]"
+    return KVLifecycle
