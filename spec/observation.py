@@ -6,9 +6,10 @@ state (ref counts, hash map, block tables), never recomputed by the adapter.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Hashable, Literal
 
 Oid = Hashable
 RequestState = Literal["running", "preempted"]
@@ -56,9 +57,9 @@ class Observation:
 
     capacity: int
     free: int
-    objects: Mapping[Oid, ObjectView]
+    objects: Mapping[Any, ObjectView]  # keyed by oid; oids are the implementation's own
     requests: Mapping[str, RequestView]
-    index: Mapping[Hashable, tuple[Oid, ...]] | None = None
+    index: Mapping[Any, tuple[Any, ...]] | None = None
     extra: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     def referencing(self) -> dict[Oid, int]:

@@ -239,9 +239,8 @@ def run_check(
         result.status = "violated"
         result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
         if tally.last_failure is not None:
-            config, ops, violation = tally.last_failure
-            case = _case(name, config, ops, violation)
-            result.cases.append(str(case.save(cases_dir)))
+            config, ops, seen = tally.last_failure
+            result.cases.append(str(_case(name, config, ops, seen).save(cases_dir)))
     except AdapterHung as hung:
         result.status = "violated"
         tally.first_violation.setdefault(
@@ -327,7 +326,7 @@ def _record_failure(
 def _with_progress(machine: type, tally: Tally, progress: Callable[[Tally], None]) -> type:
     """Wrap the machine so that ``progress`` sees the tally after each example's first step."""
 
-    class WithProgress(machine):  # type: ignore[valid-type,misc]
+    class WithProgress(machine):  # type: ignore[misc]
         def teardown(self) -> None:
             progress(tally)
             super().teardown()

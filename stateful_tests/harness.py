@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from kvspec.adapters.base import Adapter
 from kvspec.spec import (
@@ -86,7 +86,7 @@ class Harness:
         self.obs = adapter.observe()
         self.tally.examples += 1
 
-    def _run(self, op: Op) -> tuple[Outcome, list[Event], Observation]:
+    def _run(self, op: Op) -> tuple[object, list[Event], Observation]:
         return self.adapter.apply(op), self.adapter.events(), self.adapter.observe()
 
     def step(self, op: Op) -> Outcome:
@@ -98,17 +98,18 @@ class Harness:
             if self.executor is not None and self.step_timeout:
                 future = self.executor.submit(self._run, op)
                 try:
-                    outcome, events, after = future.result(timeout=self.step_timeout)
+                    raw, events, after = future.result(timeout=self.step_timeout)
                 except concurrent.futures.TimeoutError:
                     raise AdapterHung(index, op, self.step_timeout) from None
             else:
-                outcome, events, after = self._run(op)
+                raw, events, after = self._run(op)
         except AdapterHung:
             raise
         except Exception as exc:
             self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} raised {type(exc).__name__}: {exc}"]})
-        if not isinstance(outcome, Outcome):
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} returned {outcome!r}, not an Outcome"]})
+        if not isinstance(raw, Outcome):  # adapters are user code
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} returned {raw!r}, not an Outcome"]})
+        outcome = raw
         transition = Transition(
             self.obs, op, outcome, tuple(events), after, self.config, self.semantics, self.memory, predicted
         )
@@ -137,7 +138,7 @@ class Harness:
         if outcome.hit_tokens:
             cov["prefix_hit"] += 1
 
-    def _fail(self, index: int, op: Op, failures: dict[str, list[str]]) -> None:
+    def _fail(self, index: int, op: Op, failures: dict[str, list[str]]) -> NoReturn:
         violation = Violation(index, op, failures)
         if self.tally.first_failure_at is None:
             self.tally.first_failure_at = (self.tally.examples, self.tally.steps)

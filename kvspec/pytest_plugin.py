@@ -1,0 +1,103 @@
+"""pytest plugin: `pytest --kvspec-adapter=NAME_OR_PATH` runs the conformance suite in any repo.
+
+Each named adapter becomes one test item, ``kvspec[NAME]``, that fails with the
+conformance table and the shrunk counterexample when an invariant breaks. The
+``kvspec_check`` fixture runs the same check from a user's own test.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvspec.adapters import AdapterFactory, AdapterLoadError, load
+from kvspec.stateful_tests import PROFILES, Result, run_check
+from kvspec.stateful_tests.report import table
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kvspec", "KV-cache lifecycle conformance")
+    group.addoption(
+        "--kvspec-adapter",
+        action="append",
+        default=[],
+        metavar="NAME_OR_PATH",
+        help="check this adapter (a name from `kvspec adapters` or pkg.module:Factory); repeatable",
+    )
+    group.addoption("--kvspec-profile", default="ci", choices=sorted(PROFILES), help="kvspec profile (default ci)")
+    group.addoption("--kvspec-max-examples", type=int, default=None, help="random op sequences per adapter")
+    group.addoption("--kvspec-seed", type=int, default=None, help="random seed")
+
+
+class ConformanceFailure(Exception):
+    def __init__(self, result: Result) -> None:
+        self.result = result
+        super().__init__(table(result))
+
+
+class KvspecItem(pytest.Item):
+    """The whole conformance suite against one adapter."""
+
+    def __init__(self, *, adapter: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.adapter = adapter
+
+    def runtest(self) -> None:
+        result = _check(self.config, self.adapter, Path(str(self.config.rootpath)) / ".kvspec" / "cases")
+        self.user_properties.append(("kvspec_status", result.status))
+        if result.exit_code != 0:
+            raise ConformanceFailure(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"kvspec conformance of {self.adapter}"
+
+
+def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Result:
+    factory = load(adapter) if isinstance(adapter, str) else adapter
+    name = adapter if isinstance(adapter, str) else getattr(adapter, "__name__", repr(adapter))
+    return run_check(
+        factory,
+        name=name,
+        profile=PROFILES[config.getoption("--kvspec-profile")],
+        seed=config.getoption("--kvspec-seed"),
+        max_examples=config.getoption("--kvspec-max-examples"),
+        cases_dir=cases_dir,
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    adapters = config.getoption("--kvspec-adapter", default=[]) or []
+    if adapters and str(config.rootpath) not in sys.path:
+        sys.path.insert(0, str(config.rootpath))  # the user's repo: pkg.module:Factory resolves as in its tests
+    for adapter in adapters:
+        try:
+            load(adapter)
+        except AdapterLoadError as exc:
+            raise pytest.UsageError(f"--kvspec-adapter: {exc}") from exc
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    for adapter in config.getoption("--kvspec-adapter"):
+        items.append(KvspecItem.from_parent(session, name=f"kvspec[{adapter}]", adapter=adapter))
+
+
+@pytest.fixture
+def kvspec_check(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str | AdapterFactory], Result]:
+    """Run the conformance suite on an adapter (name, path or factory); fails the test on a violation."""
+
+    def check(adapter: str | AdapterFactory) -> Result:
+        result = _check(request.config, adapter, tmp_path / "cases")
+        if result.exit_code != 0:
+            pytest.fail(table(result), pytrace=False)
+        return result
+
+    return check
