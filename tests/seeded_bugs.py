@@ -3,6 +3,11 @@
 Every invariant of the kit has at least one bug here that only it (or it first)
 reports; tests/test_seeded_bugs.py asserts that `kvspec check` finds each one,
 names the right invariant, and shrinks it to a short op sequence.
+
+Bugs come from the three bundled implementations: the paged prefix cache
+(block granularity), the lifecycle simulator (record granularity) and the
+scheduler simulator (entry granularity). Each entry names the unbugged adapter
+of the same kind, on which its counterexample must hold.
 """
 
 from __future__ import annotations
@@ -12,21 +17,38 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvspec.adapters.base import Adapter
+from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
+from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
 from kvspec.reference.paged import Block, NoFreeBlocks, PagedPrefixCache
-from kvspec.spec import Config, Op, Outcome
+from kvspec.reference.scheduler import Entry, QueueItem, SchedulerSim
+from kvspec.spec import Op, Outcome
+
+AdapterFactory = Callable[[], Adapter]
 
 
 @dataclass(frozen=True)
 class SeededBug:
+    """One buggy adapter, the invariant that must report it, and the unbugged adapter it was seeded into."""
+
     name: str
     invariant: str
-    factory: Callable[[], Adapter]
+    factory: AdapterFactory
     description: str
     max_ops: int = 8  # the shrunk counterexample is at most this long
+    correct: AdapterFactory = ReferencePagedAdapter
 
 
-def _paged(cls: type[PagedPrefixCache]) -> Callable[[], Adapter]:
+def _doc(cls: type) -> str:
+    """The first line of a bug class's docstring: the realistic mistake it makes."""
+    return (cls.__doc__ or "").strip().splitlines()[0]
+
+
+# -- the paged prefix cache (block granularity) ---------------------------------------
+
+
+def _paged(cls: type[PagedPrefixCache]) -> AdapterFactory:
     def factory() -> Adapter:
         return ReferencePagedAdapter(lambda c: cls(c.capacity, c.block_size, hit_cap=True))
 
@@ -201,31 +223,141 @@ class HangsOnReset(ReferencePagedAdapter):
         return super().apply(op)
 
 
+def _paged_bug(name: str, invariant: str, cls: type[PagedPrefixCache], max_ops: int) -> SeededBug:
+    return SeededBug(name, invariant, _paged(cls), _doc(cls), max_ops)
+
+
 PAGED_BUGS: tuple[SeededBug, ...] = (
-    SeededBug(
-        "forget-decrement", "ref_count_matches_references", _paged(ForgetDecrement), ForgetDecrement.__doc__ or ""
-    ),
-    SeededBug("double-decrement", "non_negative_ref_counts", _paged(DoubleDecrement), DoubleDecrement.__doc__ or ""),
-    SeededBug("evict-referenced", "no_active_eviction", _paged(TouchKeepsQueued), TouchKeepsQueued.__doc__ or ""),
-    SeededBug("leak-on-refusal", "atomic_failure", _paged(LeakOnRefusal), LeakOnRefusal.__doc__ or ""),
-    SeededBug("floor-rounding", "tail_rounding", _paged(FloorRounding), FloorRounding.__doc__ or ""),
-    SeededBug("share-copies", "share_without_duplication", _paged(ShareCopies), ShareCopies.__doc__ or ""),
-    SeededBug("reuse-keeps-index", "cache_index_consistency", _paged(ReuseKeepsIndex), ReuseKeepsIndex.__doc__ or ""),
-    SeededBug("lost-on-reclaim", "capacity_conservation", _paged(LostOnReclaim), LostOnReclaim.__doc__ or ""),
-    SeededBug(
-        "silent-double-release", "bad_input_rejected", _paged(SilentDoubleRelease), SilentDoubleRelease.__doc__ or ""
-    ),
-    SeededBug(
-        "no-eviction-on-admit", "predicted_admission", _paged(NoEvictionOnAdmit), NoEvictionOnAdmit.__doc__ or ""
-    ),
-    SeededBug("short-chain", "predicted_prefix_hits", _paged(ShortChain), ShortChain.__doc__ or ""),
-    SeededBug("most-recent-evicted", "predicted_eviction", _paged(MostRecentEvicted), MostRecentEvicted.__doc__ or ""),
-    SeededBug("eager-reclaim", "predicted_free_capacity", _paged(EagerReclaim), EagerReclaim.__doc__ or ""),
-    SeededBug("raises-on-resume", "adapter_contract", RaisesOnResume, RaisesOnResume.__doc__ or ""),
+    _paged_bug("forget-decrement", "ref_count_matches_references", ForgetDecrement, 8),
+    _paged_bug("double-decrement", "non_negative_ref_counts", DoubleDecrement, 8),
+    _paged_bug("evict-referenced", "no_active_eviction", TouchKeepsQueued, 8),
+    _paged_bug("leak-on-refusal", "atomic_failure", LeakOnRefusal, 8),
+    _paged_bug("floor-rounding", "tail_rounding", FloorRounding, 8),
+    _paged_bug("share-copies", "share_without_duplication", ShareCopies, 8),
+    _paged_bug("reuse-keeps-index", "cache_index_consistency", ReuseKeepsIndex, 8),
+    _paged_bug("lost-on-reclaim", "capacity_conservation", LostOnReclaim, 8),
+    _paged_bug("silent-double-release", "bad_input_rejected", SilentDoubleRelease, 8),
+    _paged_bug("no-eviction-on-admit", "predicted_admission", NoEvictionOnAdmit, 8),
+    _paged_bug("short-chain", "predicted_prefix_hits", ShortChain, 8),
+    _paged_bug("most-recent-evicted", "predicted_eviction", MostRecentEvicted, 8),
+    _paged_bug("eager-reclaim", "predicted_free_capacity", EagerReclaim, 8),
+    SeededBug("raises-on-resume", "adapter_contract", RaisesOnResume, _doc(RaisesOnResume), 8),
 )
 
-HANG = SeededBug("hangs-on-reset", "adapter_contract", HangsOnReset, HangsOnReset.__doc__ or "")
 
-SEEDED_BUGS: tuple[SeededBug, ...] = PAGED_BUGS
+# -- the lifecycle simulator (record granularity) ---------------------------------------
 
-_ = Config
+
+class RecordFloorRounding(LifecycleSim):
+    """Blocks per record rounded down: a partial tail block is never paid for."""
+
+    def blocks_for_tokens(self, n: int) -> int:
+        if n <= 0:
+            raise ValueError("token count must be positive")
+        return max(n // self.block_size_tokens, 1)
+
+
+class PlainLRU(LifecycleSim):
+    """Idle records are evicted least recently used first, ignoring their hit counts."""
+
+    def _eviction_candidates(self) -> list[Record]:
+        return sorted((r for r in self.records.values() if r.ref_count == 0), key=lambda r: r.last_used)
+
+
+class EvictsActive(LifecycleSim):
+    """The eviction candidates are not filtered by ref count: a record in use can be evicted."""
+
+    def _eviction_candidates(self) -> list[Record]:
+        return sorted(self.records.values(), key=lambda r: (r.hits, r.last_used, -r.block_count))
+
+
+class EvictsBeforeChecking(LifecycleSim):
+    """Evicts first and checks afterwards: a refused request has already lost the cache."""
+
+    def _make_room(self, needed: int) -> None:
+        for rec in self._eviction_candidates():
+            if self.free_blocks >= needed:
+                break
+            self._drop(rec, "evict")
+        if self.free_blocks < needed:
+            raise CapacityError("insufficient blocks")
+
+
+def _lifecycle(cls: type[LifecycleSim]) -> AdapterFactory:
+    def factory() -> Adapter:
+        return LifecycleSimAdapter(sim_factory=lambda c: cls(c.capacity, c.block_size))
+
+    return factory
+
+
+def _lifecycle_bug(name: str, invariant: str, cls: type[LifecycleSim], max_ops: int) -> SeededBug:
+    return SeededBug(name, invariant, _lifecycle(cls), _doc(cls), max_ops, LifecycleSimAdapter)
+
+
+LIFECYCLE_BUGS: tuple[SeededBug, ...] = (
+    _lifecycle_bug("lifecycle-floor-rounding", "tail_rounding", RecordFloorRounding, 8),
+    _lifecycle_bug("lifecycle-plain-lru", "predicted_eviction", PlainLRU, 8),
+    _lifecycle_bug("lifecycle-evicts-active", "no_active_eviction", EvictsActive, 8),
+    _lifecycle_bug("lifecycle-evicts-before-checking", "atomic_failure", EvictsBeforeChecking, 8),
+)
+
+
+# -- the scheduler simulator (entry granularity) ------------------------------------------
+
+
+class StaleBlind(SchedulerSim):
+    """Trusts any heap item whose entry still exists, however old: a stale heap entry is evicted."""
+
+    def _is_stale(self, item: QueueItem, entry: Entry | None) -> bool:
+        return entry is None
+
+
+class EvictsLargest(SchedulerSim):
+    """Evicts the largest entry to make room fastest, ignoring the retention score."""
+
+    def _pop_victim(self) -> Entry:
+        return max(self.entries.values(), key=lambda e: (e.size_bytes, -e.last_used))
+
+
+class ForgetsReuse(SchedulerSim):
+    """The retention score leaves out the reuse count: a hot entry scores like a one-off."""
+
+    def score(self, hits: int, size: int, last_used: int) -> float:
+        return super().score(1, size, last_used)
+
+
+class FreesIncomingSize(SchedulerSim):
+    """Eviction subtracts the incoming entry's bytes from current_bytes instead of the victim's."""
+
+    def _evict_until_fit(self, needed: int) -> None:
+        while self.current_bytes + needed > self.capacity_bytes:
+            victim = self._pop_victim()
+            del self.entries[victim.prefix]
+            self.current_bytes -= needed
+            self.evictions.append(victim.prefix)
+            self.log.append(f"evict {victim.prefix} bytes={victim.size_bytes}")
+
+
+def _scheduler(cls: type[SchedulerSim]) -> AdapterFactory:
+    def factory() -> Adapter:
+        return SchedulerSimAdapter(sim_factory=lambda c: cls(c.capacity))
+
+    return factory
+
+
+def _scheduler_bug(name: str, invariant: str, cls: type[SchedulerSim], max_ops: int) -> SeededBug:
+    return SeededBug(name, invariant, _scheduler(cls), _doc(cls), max_ops, SchedulerSimAdapter)
+
+
+SCHEDULER_BUGS: tuple[SeededBug, ...] = (
+    _scheduler_bug("scheduler-stale-blind", "predicted_eviction", StaleBlind, 8),
+    _scheduler_bug("scheduler-evicts-largest", "predicted_eviction", EvictsLargest, 8),
+    _scheduler_bug("scheduler-forgets-reuse", "predicted_eviction", ForgetsReuse, 8),
+    _scheduler_bug("scheduler-frees-incoming-size", "capacity_conservation", FreesIncomingSize, 8),
+)
+
+
+HANG = SeededBug("hangs-on-reset", "adapter_contract", HangsOnReset, _doc(HangsOnReset), 8)
+"""Not in SEEDED_BUGS: it needs a short step timeout, see tests/test_seeded_bugs.py."""
+
+SEEDED_BUGS: tuple[SeededBug, ...] = PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS

@@ -1,0 +1,79 @@
+"""The pytest plugin runs the conformance suite inside another repo, and the registry finds adapters."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
+
+BUGGY_MODULE = """
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.reference.paged import PagedPrefixCache
+
+class LeakyPool(PagedPrefixCache):
+    def free(self, req_id, *, keep_cached=True):
+        blocks = self.req_blocks.get(req_id, [])
+        if len(blocks) > 1:
+            blocks[-1].ref_cnt += 1  # the tail block never comes back
+        super().free(req_id, keep_cached=keep_cached)
+
+def Factory():
+    return ReferencePagedAdapter(lambda c: LeakyPool(c.capacity, c.block_size))
+"""
+
+
+def test_plugin_passes_a_correct_adapter(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_own="def test_own():\n    assert True\n")
+    result = pytester.runpytest("--kvspec-adapter=reference", "--kvspec-max-examples=20")
+    result.assert_outcomes(passed=2)
+
+
+def test_plugin_fails_a_buggy_adapter_with_the_table(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(myalloc=BUGGY_MODULE)
+    result = pytester.runpytest("--kvspec-adapter=myalloc:Factory", "--kvspec-max-examples=100")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*VIOLATED ref_count_matches_references*", "*case saved:*"])
+
+
+def test_plugin_rejects_an_unknown_adapter_as_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--kvspec-adapter=nothing-here")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown adapter 'nothing-here'*"])
+
+
+def test_kvspec_check_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        myalloc=BUGGY_MODULE,
+        test_mine="""
+def test_reference_conforms(kvspec_check):
+    result = kvspec_check("reference")
+    assert result.status == "passed"
+
+def test_mine_conforms(kvspec_check):
+    from myalloc import Factory
+    kvspec_check(Factory)
+""",
+    )
+    result = pytester.runpytest("--kvspec-max-examples=100", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+
+
+def test_registry_by_name_path_and_errors() -> None:
+    assert load("reference") is ReferencePagedAdapter
+    assert load("kvspec.adapters.reference_paged:ReferencePagedAdapter") is ReferencePagedAdapter
+    assert {"reference", "lifecycle-sim", "scheduler-sim"} <= set(available())
+    for bad in ("nope", "kvspec.adapters.reference_paged:Nope", "no.such.module:X", "kvspec.spec:INVARIANT_NAMES"):
+        with pytest.raises(AdapterLoadError):
+            load(bad)
+
+
+def test_registry_finds_a_third_party_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    import kvspec.adapters as registry
+
+    fake = EntryPoint("their-engine", "kvspec.adapters.reference_paged:ReferencePagedAdapter", "kvspec.adapters")
+    monkeypatch.setattr(registry, "entry_points", lambda group: [fake] if group == "kvspec.adapters" else [])
+    assert "their-engine" in registry.available()
+    assert registry.load("their-engine") is ReferencePagedAdapter
