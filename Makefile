@@ -6,7 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvspec-installed
 TYPECHECK_DIR := build/typecheck
 
-.PHONY: check test lint typecheck importlint bench clean
+GPU_VENV ?= .venv-gpu
+GPU_STAMP := $(GPU_VENV)/.kvspec-installed
+
+.PHONY: check test lint typecheck importlint bench gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +38,18 @@ typecheck: $(STAMP)
 importlint: typecheck
 	cd $(TYPECHECK_DIR) && ../../$(BIN)/lint-imports --config ../../pyproject.toml
 
+$(GPU_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install -q -e '.[gpu]'
+	touch $(GPU_STAMP)
+
+## KV block bytes: arithmetic, torch tensors, CLI; the CUDA part skips with its reason without a GPU.
+gpu-check: $(GPU_STAMP)
+	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_gpu_checks.py gpu_checks
+	$(GPU_VENV)/bin/kvspec gpu-check --json build/gpu_check.json
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/steps_per_second.py
 
 clean:
-	rm -rf $(VENV) build .kvspec *.egg-info
+	rm -rf $(VENV) $(GPU_VENV) build .kvspec *.egg-info

@@ -47,7 +47,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "gpu-check",
         help="KV block byte sizes: arithmetic, torch and vLLM agreement, CUDA footprint (skipped without CUDA)",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=(
+            "The byte side of the spec's block count: KV block sizes from shape and dtype, checked against "
+            "torch (meta/CPU tensors), vLLM's page size and, on a CUDA device, the caching allocator's measured "
+            "growth. Sections that cannot run here are skipped with the reason; exit 0 held, 1 mismatch, "
+            "2 could not run."
+        ),
     )
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the JSON result here")
     parser.add_argument(

@@ -89,9 +89,11 @@ def expected_growth(count: int, nbytes: int, *, expandable_segments: bool = Fals
 
 def unsupported_alloc_conf(conf: str) -> str | None:
     """Why ``PYTORCH_CUDA_ALLOC_CONF`` (its text) breaks the rule above, or None when it keeps it."""
-    options = dict(
-        item.split(":", 1) if ":" in item else (item, "") for item in conf.replace(" ", "").split(",") if item
-    )
+    options = {}
+    for item in conf.replace(" ", "").split(","):
+        key, _, value = item.partition(":")
+        if key:
+            options[key] = value
     if options.get("backend", "native") != "native":
         return f"PYTORCH_CUDA_ALLOC_CONF selects backend {options['backend']!r}; the probe models the native allocator"
     for option in ("roundup_power2_divisions", "max_split_size_mb"):

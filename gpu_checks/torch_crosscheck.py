@@ -35,8 +35,11 @@ def torch_missing() -> str | None:
 
 
 def torch_dtype(name: str) -> torch.dtype | None:
-    """torch's dtype object for a table name, or None when this torch build lacks it."""
-    import torch
+    """torch's dtype object for a table name, or None when this torch build (or torch itself) lacks it."""
+    try:
+        import torch
+    except ImportError:
+        return None
 
     found = getattr(torch, name, None)
     return found if isinstance(found, torch.dtype) else None

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.gpu_checks.cli import register as register_gpu_check
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
 from kvspec.stateful_tests.report import table, write_junit, write_report
 
@@ -43,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--adapter", default=None, help="adapter to run it on (default: the case's own)")
 
     sub.add_parser("adapters", help="list the adapters that can be loaded")
+    register_gpu_check(sub)
     return parser
 
 
@@ -124,7 +126,8 @@ def cmd_adapters(args: argparse.Namespace) -> int:
             adapter = load(name)()
             caps = adapter.capabilities
             adapter.close()
-            status = f"{caps.semantics.granularity} granularity, {caps.semantics.eviction} eviction, ops: {', '.join(sorted(caps.ops))}"
+            sem = caps.semantics
+            status = f"{sem.granularity} granularity, {sem.eviction} eviction, ops: {', '.join(sorted(caps.ops))}"
         except Exception as exc:
             status = f"not loadable: {exc}"
         print(f"{name:<16} {path}\n{'':<16} {status}")
@@ -134,7 +137,8 @@ def cmd_adapters(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        handler = {"check": cmd_check, "replay": cmd_replay, "adapters": cmd_adapters}[args.command]
+        builtin = {"check": cmd_check, "replay": cmd_replay, "adapters": cmd_adapters}
+        handler = getattr(args, "handler", None) or builtin[args.command]
         return handler(args)
     except KeyboardInterrupt:
         print("kvspec: interrupted", file=sys.stderr)
