@@ -18,16 +18,15 @@ import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any
+from typing import Any, ClassVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from seeded_bugs import SEEDED_BUGS  # noqa: E402
-
 from kvspec.adapters import load  # noqa: E402
 from kvspec.spec import Op  # noqa: E402
 from kvspec.stateful_tests import PROFILES, Harness, Tally, run_check  # noqa: E402
+from seeded_bugs import SEEDED_BUGS  # noqa: E402
 
 ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
 
@@ -35,7 +34,7 @@ ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
 class Recorder(Harness):
     """A harness that also records every example's ops, for the bare replay."""
 
-    log: list[tuple[Any, list[Op]]] = []
+    log: ClassVar[list[tuple[Any, list[Op]]]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

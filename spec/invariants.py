@@ -197,7 +197,7 @@ def share_without_duplication(t: Transition) -> Problems:
         return problems
     request = after.requests.get(t.op.req or "")
     if request is None:
-        return problems + [f"admitted request {t.op.req!r} is not live"]
+        return [*problems, f"admitted request {t.op.req!r} is not live"]
     if sem.granularity == "block":
         bs, n = t.config.block_size, len(request.tokens)
         chain = 0
@@ -372,7 +372,7 @@ INVARIANTS: tuple[Invariant, ...] = (
 ADAPTER_CONTRACT = "adapter_contract"
 """Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""
 
-INVARIANT_NAMES: tuple[str, ...] = tuple(i.name for i in INVARIANTS) + (ADAPTER_CONTRACT,)
+INVARIANT_NAMES: tuple[str, ...] = (*(i.name for i in INVARIANTS), ADAPTER_CONTRACT)
 
 
 def check_transition(t: Transition) -> dict[str, Problems]:

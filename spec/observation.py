@@ -6,10 +6,9 @@ state (ref counts, hash map, block tables), never recomputed by the adapter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Literal
+from typing import Any, Literal
 
 Oid = Hashable
 RequestState = Literal["running", "preempted"]

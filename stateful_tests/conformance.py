@@ -27,7 +27,7 @@ from kvspec.spec.invariants import ADAPTER_CONTRACT
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
-from .strategies import PoolRanges
+from .strategies import DEFAULT_RANGES, PoolRanges
 
 CASE_SCHEMA = 1
 REPORT_SCHEMA = 1
@@ -41,7 +41,7 @@ class Profile:
     max_examples: int
     step_count: int
     derandomize: bool
-    ranges: PoolRanges = PoolRanges()
+    ranges: PoolRanges = DEFAULT_RANGES
 
 
 PROFILES: dict[str, Profile] = {

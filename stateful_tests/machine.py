@@ -17,6 +17,7 @@ from kvspec.spec import Config, Op
 from .harness import Harness, Tally
 from .strategies import (
     ALPHABET,
+    DEFAULT_RANGES,
     PoolRanges,
     cold_prompt,
     configs,
@@ -39,7 +40,7 @@ def max_prompt_tokens(config: Config, granularity: str) -> int:
 def build_machine(
     adapter: Adapter,
     tally: Tally,
-    ranges: PoolRanges = PoolRanges(),
+    ranges: PoolRanges = DEFAULT_RANGES,
     *,
     step_timeout: float | None = None,
     executor: concurrent.futures.ThreadPoolExecutor | None = None,

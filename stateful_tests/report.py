@@ -23,10 +23,8 @@ def table(result: Result) -> str:
     for r in rows:
         lines.append(f"  {r['name'].ljust(width)}  {r['kind']:<10}  {r['verdict']:<8}  {r['checked_steps']:>7}")
     rate = result.tally.steps / result.duration_s if result.duration_s else 0.0
-    lines += [
-        "",
-        f"{result.tally.examples} examples, {result.tally.steps} steps in {result.duration_s:.1f} s ({rate:.0f} steps/s)",
-    ]
+    tally = result.tally
+    lines += ["", f"{tally.examples} examples, {tally.steps} steps in {result.duration_s:.1f} s ({rate:.0f} steps/s)"]
     cov = result.tally.coverage
     if cov:
         lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(cov.items())))

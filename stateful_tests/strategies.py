@@ -32,6 +32,9 @@ class PoolRanges:
     bytes_per_token: tuple[int, ...] = (1, 2)
 
 
+DEFAULT_RANGES = PoolRanges()
+
+
 def configs(semantics: Semantics, ranges: PoolRanges, fixed: Config | None = None) -> st.SearchStrategy[Config]:
     """Pool configurations for one example."""
     if fixed is not None:

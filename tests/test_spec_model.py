@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import (
     INVARIANTS,
