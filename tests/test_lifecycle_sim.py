@@ -1,15 +1,18 @@
-"""The lifecycle simulator on its own, its adapter, and the adapter against the spec's record model."""
+"""The lifecycle simulator on its own, its adapter, and the adapter under the kit's conformance check.
+
+Seeded bugs of this simulator live in tests/seeded_bugs.py.
+"""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from kvspec.adapters.base import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter, prefix_of
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
-from kvspec.spec import Config, KeyMemory, LedgerModel, Op, Transition, check_transition
+from kvspec.spec import INVARIANTS, Config, Op
+from kvspec.stateful_tests import PROFILES, run_check
 
 # -- the simulator ------------------------------------------------------------------
 
@@ -260,143 +263,19 @@ def test_adapter_builds_its_simulator_through_the_factory() -> None:
 
 # -- the adapter against the spec -------------------------------------------------------
 
-REQ_IDS = [f"r{i}" for i in range(6)]
 
-
-class OpSource:
-    """Deterministic random ops over a two-letter alphabet and a few request ids.
-
-    Prompts and ids repeat on purpose. Most ops aim at a live request (append,
-    release) or a free id (admit), going by the spec's own request table; the
-    rest are aimed at random, which yields bad input too.
-    """
-
-    def __init__(self, seed: int = 0) -> None:
-        self.rng = random.Random(seed)
-        self.seen: list[tuple[int, ...]] = []
-
-    def _prompt(self) -> tuple[int, ...]:
-        rng = self.rng
-        if self.seen and rng.random() < 0.6:
-            return rng.choice(self.seen)
-        tokens = tuple(rng.randrange(2) for _ in range(rng.randint(1, 6)))
-        self.seen.append(tokens)
-        return tokens
-
-    def next(self, live: set[str]) -> Op:
-        rng = self.rng
-        idle = [r for r in REQ_IDS if r not in live]
-        roll, any_id = rng.random(), rng.choice(REQ_IDS)
-        aimed = rng.random() < 0.9
-        if roll < 0.45:
-            req = rng.choice(idle) if idle and aimed else any_id
-            return Op("admit", req, self._prompt())
-        req = rng.choice(sorted(live)) if live and aimed else any_id
-        if roll < 0.65:
-            return Op("append", req, tuple(rng.randrange(2) for _ in range(rng.randint(1, 3))))
-        if roll < 0.95:
-            return Op("release", req, keep=rng.random() < 0.6)
-        return rng.choice([Op("admit", any_id, ()), Op("admit", any_id, (0, -1)), Op("append", req, ())])
-
-
-def differential_run(
-    adapter: LifecycleSimAdapter, config: Config, source: OpSource, n: int = 300
-) -> tuple[list[str], dict[str, int]]:
-    """Run ``n`` ops on the adapter and the spec side by side, up to the first step where they disagree.
-
-    Returns that step's mismatches (none: they agreed throughout) and a tally of what happened.
-    """
-    semantics = adapter.capabilities.semantics
-    adapter.reset(config)
-    model, memory = LedgerModel(config, semantics), KeyMemory()
-    problems: list[str] = []
-    tally = {"ok": 0, "refused": 0, "invalid": 0, "hits": 0, "evict": 0, "reclaim": 0}
-
-    def ledger(objects: object) -> dict[object, tuple[int, int, int, int | None, int | None]]:
-        assert isinstance(objects, dict)
-        return {o.key: (o.size, o.tokens, o.ref_count, o.hits, o.last_used) for o in objects.values()}
-
-    for i in range(n):
-        op = source.next(set(model.requests))
-        before = adapter.observe()
-        outcome = adapter.apply(op)
-        events = tuple(adapter.events())
-        after = adapter.observe()
-        step = model.step(op)
-        where = f"step {i} {op}"
-        if outcome.status != step.outcome.status:
-            problems.append(f"{where}: status {outcome.status} ({outcome.message}), spec {step.outcome.status}")
-        elif outcome.hit_tokens != step.outcome.hit_tokens:
-            problems.append(f"{where}: hit {outcome.hit_tokens}, spec {step.outcome.hit_tokens}")
-        if after.free != step.free:
-            problems.append(f"{where}: free {after.free}, spec {step.free}")
-        for kind, want in (("evict", step.evicted), ("reclaim", step.reclaimed)):
-            got = tuple(e.key for e in events if e.kind == kind)
-            if got != want:
-                problems.append(f"{where}: {kind} {got}, spec {want}")
-            tally[kind] += len(got)
-        if ledger(after.objects) != ledger(model.observe().objects):
-            problems.append(f"{where}: ledger {ledger(after.objects)}, spec {ledger(model.observe().objects)}")
-        transition = Transition(before, op, outcome, events, after, config, semantics, memory, step)
-        for name, found in check_transition(transition).items():
-            problems += [f"{where}: {name}: {p}" for p in found or ()]
-        if problems:  # later steps start from a diverged state: stop at the first one
-            break
-        tally[outcome.status] += 1
-        tally["hits"] += bool(outcome.hit_tokens)
-    return problems, tally
-
-
-def test_adapter_matches_the_spec_on_a_random_run() -> None:
-    problems, tally = differential_run(LifecycleSimAdapter(), CONFIG, OpSource(0))
-    assert problems == []
-    # The run must exercise every path, or agreement means little.
-    assert all(tally[k] > 0 for k in tally), tally
-
-
-class FloorRounding(LifecycleSim):
-    def blocks_for_tokens(self, n: int) -> int:
-        if n <= 0:
-            raise ValueError("token count must be positive")
-        return max(n // self.block_size_tokens, 1)
-
-
-class PlainLRU(LifecycleSim):
-    def _eviction_candidates(self) -> list[Record]:
-        return sorted((r for r in self.records.values() if r.ref_count == 0), key=lambda r: r.last_used)
-
-
-class EvictsActive(LifecycleSim):
-    def _eviction_candidates(self) -> list[Record]:
-        return sorted(self.records.values(), key=lambda r: (r.hits, r.last_used, -r.block_count))
-
-
-class EvictsBeforeChecking(LifecycleSim):
-    """Evicts first and checks afterwards: a refused request has already lost the cache."""
-
-    def _make_room(self, needed: int) -> None:
-        for rec in self._eviction_candidates():
-            if self.free_blocks >= needed:
-                break
-            self._drop(rec, "evict")
-        if self.free_blocks < needed:
-            raise CapacityError("insufficient blocks")
-
-
-SeededSim = Callable[[int, int], LifecycleSim]
-
-
-@pytest.mark.parametrize(
-    ("buggy", "caught_by"),
-    [
-        (FloorRounding, "tail_rounding"),
-        (PlainLRU, "predicted_eviction"),
-        (EvictsActive, "no_active_eviction"),
-        (EvictsBeforeChecking, "atomic_failure"),
-    ],
-    ids=lambda x: getattr(x, "__name__", str(x)),
-)
-def test_the_random_run_catches_seeded_bugs(buggy: SeededSim, caught_by: str) -> None:
-    adapter = LifecycleSimAdapter(sim_factory=lambda c: buggy(c.capacity, c.block_size))
-    problems, _ = differential_run(adapter, CONFIG, OpSource(0))
-    assert any(caught_by in p for p in problems), problems
+def test_adapter_conforms_to_the_spec_under_the_kits_own_check(tmp_path: Path) -> None:
+    """The kit's stateful check holds every invariant, refinement included, and reaches every path."""
+    result = run_check(
+        LifecycleSimAdapter, name="lifecycle-sim", profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path
+    )
+    assert result.status == "passed", (result.error, result.failure)
+    verdicts = {row["name"]: row["verdict"] for row in result.verdicts()}
+    assert {name: verdicts[name] for name in result.applicable} == dict.fromkeys(result.applicable, "held")
+    assert {i.name for i in INVARIANTS} <= result.applicable  # exact semantics: refinement is judged too
+    coverage = result.tally.coverage
+    # Agreement means little unless eviction, refusal and sharing all happened.
+    assert coverage["evict"] > 0 and coverage["reclaim"] > 0, coverage
+    assert sum(n for k, n in coverage.items() if k.endswith(":refused")) > 0, coverage
+    assert coverage["prefix_hit"] > 0, coverage
+    assert result.cases == [] and not any(tmp_path.iterdir())
