@@ -23,10 +23,11 @@ from typing import Any, ClassVar
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from seeded_bugs import SEEDED_BUGS  # noqa: E402
+
 from kvspec.adapters import load  # noqa: E402
 from kvspec.spec import Op  # noqa: E402
 from kvspec.stateful_tests import PROFILES, Harness, Tally, run_check  # noqa: E402
-from seeded_bugs import SEEDED_BUGS  # noqa: E402
 
 ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
 

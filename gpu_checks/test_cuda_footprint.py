@@ -7,6 +7,7 @@ CPU-computable parts live in ``tests/test_gpu_checks.py`` and run everywhere.
 from __future__ import annotations
 
 import pytest
+
 from kvspec.gpu_checks.checks import Check
 from kvspec.gpu_checks.cuda_probe import ProbeCase, TorchCudaBackend, cuda_missing, judge, measure, probe
 from kvspec.gpu_checks.footprint import KV_DTYPES, KVBlockShape

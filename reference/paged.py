@@ -45,9 +45,25 @@ class PagedPrefixCache:
     Invariant kept by every public method: each block is either referenced
     (ref_cnt > 0, in some block table ref_cnt times) or in the free queue, never
     both; a block is in ``cached`` under its hash exactly while its hash is set.
+
+    The same invariant as CrossHair contracts (``kvspec crosshair``):
+
+    inv: len(self.blocks) == self.num_blocks
+    inv: all((b.ref_cnt == 0) == (b.block_id in self.free_queue) for b in self.blocks)
+    inv: all(b.ref_cnt == sum(t.count(b) for t in self.req_blocks.values()) for b in self.blocks)
+    inv: all(self.cached.get(b.block_hash) is b for b in self.blocks if b.block_hash is not None)
+    inv: all(b.block_hash == h for h, b in self.cached.items())
     """
 
     def __init__(self, num_blocks: int, block_size: int, *, hit_cap: bool = True) -> None:
+        """A pool of ``num_blocks`` empty blocks of ``block_size`` tokens.
+
+        The bounds below only keep CrossHair's symbolic pools small; any size works.
+
+        pre: num_blocks <= 4
+        pre: block_size <= 3
+        raises: ValueError
+        """
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -62,11 +78,18 @@ class PagedPrefixCache:
 
     # -- queries ------------------------------------------------------------------
     def num_free_blocks(self) -> int:
-        """Blocks that can be handed out now: empty ones and cached unreferenced ones."""
+        """Blocks that can be handed out now: empty ones and cached unreferenced ones.
+
+        post: 0 <= __return__ <= self.num_blocks
+        """
         return len(self.free_queue)
 
     def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
-        """Hashes of the full blocks of ``tokens``, each chained on the previous one."""
+        """Hashes of the full blocks of ``tokens``, each chained on the previous one.
+
+        pre: len(tokens) <= 8
+        post: len(__return__) == len(tokens) // self.block_size
+        """
         hashes: list[bytes] = []
         parent: bytes | None = None
         for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
@@ -75,7 +98,12 @@ class PagedPrefixCache:
         return hashes
 
     def find_cached_prefix(self, tokens: Sequence[int]) -> list[Block]:
-        """The longest chain of cached blocks that starts the prompt, leaving one token to compute."""
+        """The longest chain of cached blocks that starts the prompt, leaving one token to compute.
+
+        pre: len(tokens) <= 8
+        post: len(__return__) <= len(tokens) // self.block_size
+        post: not self.hit_cap or len(__return__) * self.block_size < max(len(tokens), 1)
+        """
         found: list[Block] = []
         for block_hash in self.block_hashes(tokens):
             block = self.cached.get(block_hash)
@@ -119,6 +147,12 @@ class PagedPrefixCache:
 
         Raises NoFreeBlocks (changing nothing) when the free queue cannot cover the
         new blocks plus the cached-free prefix blocks that leave it.
+
+        pre: len(tokens) <= 8
+        raises: ValueError, NoFreeBlocks
+        post: len(self.req_blocks[req_id]) == -(-len(tokens) // self.block_size)
+        post: __return__ % self.block_size == 0 and 0 <= __return__ < len(tokens) + int(not self.hit_cap)
+        post: self.num_free_blocks() <= __old__.self.num_free_blocks()
         """
         if not req_id or req_id in self.req_blocks:
             raise ValueError(f"request {req_id!r} is empty or already allocated")
@@ -142,7 +176,13 @@ class PagedPrefixCache:
         return len(hit) * self.block_size
 
     def append(self, req_id: str, tokens: Sequence[int]) -> int:
-        """Append decoded tokens; allocate only for the blocks past the tail. Returns new blocks."""
+        """Append decoded tokens; allocate only for the blocks past the tail. Returns new blocks.
+
+        pre: len(tokens) <= 8
+        raises: ValueError, NoFreeBlocks
+        post: len(self.req_blocks[req_id]) == -(-len(self.req_tokens[req_id]) // self.block_size)
+        post: __return__ == len(self.req_blocks[req_id]) - len(__old__.self.req_blocks[req_id])
+        """
         if req_id not in self.req_blocks:
             raise ValueError(f"unknown request {req_id!r}")
         if not tokens:
@@ -165,6 +205,10 @@ class PagedPrefixCache:
 
         With keep_cached=False a block whose last reference goes is reclaimed: it
         leaves the prefix cache at once instead of waiting for lazy eviction.
+
+        raises: ValueError
+        post: req_id not in self.req_blocks and req_id not in self.req_tokens
+        post: self.num_free_blocks() >= __old__.self.num_free_blocks()
         """
         if req_id not in self.req_blocks:
             raise ValueError(f"unknown request {req_id!r}")
@@ -182,7 +226,11 @@ class PagedPrefixCache:
             self.free_queue[block.block_id] = block
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached hash. Refused (False) while any block is referenced."""
+        """Forget every cached hash. Refused (False) while any block is referenced.
+
+        post: __return__ == all(b.ref_cnt == 0 for b in self.blocks)
+        post: not __return__ or not self.cached
+        """
         if any(b.ref_cnt for b in self.blocks):
             return False
         for block in self.blocks:

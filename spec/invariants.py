@@ -353,20 +353,22 @@ def _short(contents: object) -> str:
     return text if len(text) < 160 else text[:157] + "..."
 
 
+# Order matters only for which broken invariant a report names first: the most
+# specific cause comes before the generic symptoms it also produces.
 INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("capacity_conservation", "safety", capacity_conservation),
-    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
-    Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
-    Invariant("no_active_eviction", "safety", no_active_eviction),
+    Invariant("bad_input_rejected", "safety", bad_input_rejected),
     Invariant("atomic_failure", "safety", atomic_failure),
+    Invariant("no_active_eviction", "safety", no_active_eviction),
     Invariant("share_without_duplication", "safety", share_without_duplication),
     Invariant("tail_rounding", "safety", tail_rounding),
     Invariant("cache_index_consistency", "safety", cache_index_consistency),
-    Invariant("bad_input_rejected", "safety", bad_input_rejected),
+    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
+    Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
+    Invariant("capacity_conservation", "safety", capacity_conservation),
     Invariant("predicted_admission", "refinement", predicted_admission),
+    Invariant("predicted_eviction", "refinement", predicted_eviction),
     Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),
     Invariant("predicted_free_capacity", "refinement", predicted_free_capacity),
-    Invariant("predicted_eviction", "refinement", predicted_eviction),
 )
 
 ADAPTER_CONTRACT = "adapter_contract"

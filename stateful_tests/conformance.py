@@ -20,6 +20,7 @@ import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
+
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.base import Adapter
 from kvspec.spec import INVARIANTS, Config, Op
@@ -151,6 +152,7 @@ class Result:
             "duration_s": round(self.duration_s, 3),
             "examples": self.tally.examples,
             "steps": self.tally.steps,
+            "examples_to_first_failure": (self.tally.first_failure_at or (None, None))[0],
             "status": self.status,
             "error": self.error,
             "invariants": self.verdicts(),
@@ -247,8 +249,7 @@ def run_check(
             ADAPTER_CONTRACT, {"step": hung.step, "op": hung.op.to_json(), "problems": [str(hung)]}
         )
         result.findings.append({"kind": ADAPTER_CONTRACT, "message": str(hung)})
-        config = tally.last_failure[0] if tally.last_failure else Config()
-        ops = tally.last_failure[1] if tally.last_failure else [hung.op]
+        config, ops = tally.hung or (Config(), [hung.op])
         result.failure_ops, result.failure_config = ops, config
         case = Case(name, config, ops, {"invariant": ADAPTER_CONTRACT, "step": hung.step, "problems": [str(hung)]})
         result.cases.append(str(case.save(cases_dir)))
@@ -293,8 +294,20 @@ def _record_failure(
     name: str,
     refine: bool,
 ) -> None:
-    """Save the shrunk case, replay it on a fresh adapter, and report what broke."""
+    """Replay the shrunk case on a fresh adapter, minimise it further, save it, and report what broke."""
     result.status = "violated"
+    fresh: Adapter = factory()
+    try:
+        again = replay_ops(fresh, config, ops, refine=refine)
+        if again is None or again.invariant != violation.invariant:
+            seen = "nothing" if again is None else again.invariant
+            result.findings.append(
+                {"kind": "flaky", "message": f"the shrunk case did not reproduce on a fresh adapter (got {seen})"}
+            )
+        else:
+            ops, violation = minimize_ops(fresh, config, ops, again, refine=refine)
+    finally:
+        fresh.close()
     result.failure, result.failure_ops, result.failure_config = violation, list(ops), config
     # The shrunk example is the one reported; earlier, longer examples only count as checked steps.
     for inv in list(result.tally.first_violation):
@@ -311,16 +324,27 @@ def _record_failure(
             result.findings.append({"kind": kind, "invariant": inv, "step": violation.step, "problems": problems[:5]})
     case = _case(name, config, ops, violation)
     result.cases.append(str(case.save(cases_dir)))
-    fresh: Adapter = factory()
-    try:
-        again = replay_ops(fresh, config, ops, refine=refine)
-    finally:
-        fresh.close()
-    if again is None or again.invariant != violation.invariant:
-        seen = "nothing" if again is None else again.invariant
-        result.findings.append(
-            {"kind": "flaky", "message": f"the shrunk case did not reproduce on a fresh adapter (got {seen})"}
-        )
+
+
+def minimize_ops(
+    adapter: Adapter, config: Config, ops: Sequence[Op], violation: Violation, *, refine: bool = True
+) -> tuple[list[Op], Violation]:
+    """Drop ops one at a time while the same invariant still breaks (1-minimal, by replay).
+
+    Hypothesis shrinks the choices that generated the ops; deleting a step there can
+    change what later steps draw. Replaying concrete ops has no such coupling, so
+    this pass finishes what shrinking leaves.
+    """
+    best, best_violation = list(ops[: violation.step + 1]), violation
+    i = 0
+    while i < len(best):
+        candidate = best[:i] + best[i + 1 :]
+        again = replay_ops(adapter, config, candidate, refine=refine) if candidate else None
+        if again is not None and again.invariant == violation.invariant:
+            best, best_violation = candidate[: again.step + 1], again
+        else:
+            i += 1
+    return best, best_violation
 
 
 def _with_progress(machine: type, tally: Tally, progress: Callable[[Tally], None]) -> type:

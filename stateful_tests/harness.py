@@ -59,6 +59,7 @@ class Tally:
     coverage: Counter[str] = field(default_factory=Counter)
     first_failure_at: tuple[int, int] | None = None  # (examples, steps) run when the first failure was seen
     last_failure: tuple[Config, list[Op], Violation] | None = None
+    hung: tuple[Config, list[Op]] | None = None
 
 
 class Harness:
@@ -100,6 +101,7 @@ class Harness:
                 try:
                     raw, events, after = future.result(timeout=self.step_timeout)
                 except concurrent.futures.TimeoutError:
+                    self.tally.hung = (self.config, list(self.ops))
                     raise AdapterHung(index, op, self.step_timeout) from None
             else:
                 raw, events, after = self._run(op)

@@ -11,6 +11,7 @@ import concurrent.futures
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
 from kvspec.adapters.base import Adapter
 from kvspec.spec import Config, Op
 
@@ -27,6 +28,16 @@ from .strategies import (
     long_prompt,
     pick,
     tokens,
+)
+
+BAD_INPUTS = (
+    "release_unknown",
+    "empty_prompt",
+    "larger_than_pool",
+    "append_to_unknown",
+    "admit_existing",
+    "append_nothing",
+    "release_released",
 )
 
 
@@ -88,6 +99,12 @@ def build_machine(
         def admit_fork(self, data: st.DataObject) -> None:
             self._admit(fork_prompt(data, self.history, self.harness.config))
 
+        @precondition(lambda self: bool(self.history))
+        @rule(data=st.data())
+        def admit_repeat(self, data: st.DataObject) -> None:
+            """The same prompt again (a retry, a popular question): whole-prompt sharing and the hit cap."""
+            self._admit(self.history[pick(data, self.history, "conversation")])
+
         @rule(data=st.data())
         def admit_cold(self, data: st.DataObject) -> None:
             self._admit(cold_prompt(data, self.next_id, self.harness.config))
@@ -120,6 +137,13 @@ def build_machine(
                 self.history.append(request.tokens)
 
         @precondition(lambda self: "release" in ops and bool(self.harness.obs.requests))
+        @rule()
+        def finish_oldest(self) -> None:
+            """The longest-lived request completes and its prefix stays cached: churn, as in a server."""
+            oldest = min(self.harness.obs.requests, key=lambda r: int(r[1:]) if r[1:].isdigit() else -1)
+            self._step(Op("release", oldest))
+
+        @precondition(lambda self: "release" in ops and bool(self.harness.obs.requests))
         @rule(data=st.data(), keep=st.booleans())
         def release(self, data: st.DataObject, keep: bool) -> None:
             live = sorted(self.harness.obs.requests)
@@ -149,23 +173,25 @@ def build_machine(
         @rule(data=st.data())
         def bad_input(self, data: st.DataObject) -> None:
             """Inputs the spec defines as errors: each must be rejected and change nothing."""
+            # The kind is drawn from a fixed list, so that shrinking away earlier steps never
+            # turns one kind of bad input into another.
+            kind = BAD_INPUTS[pick(data, BAD_INPUTS, "bad_input")]
             live = sorted(self.harness.obs.requests)
-            candidates = [
-                Op("admit", f"r{self.next_id}", ()),
-                Op("admit", f"r{self.next_id}", (0,) * (self.max_tokens + 1)),
-                Op("release", "ghost"),
-            ]
-            if "append" in ops:
-                candidates.append(Op("append", "ghost", (1,)))
-            if live:
-                req = live[pick(data, live, "req")]
-                candidates.append(Op("admit", req, (1,)))
-                if "append" in ops:
-                    candidates.append(Op("append", req, ()))
             gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
-            if gone and "release" in ops:
-                candidates.append(Op("release", gone[pick(data, gone, "released")]))
-            self._step(candidates[pick(data, candidates, "bad_op")])
+            op = Op("release", "ghost")
+            if kind == "empty_prompt":
+                op = Op("admit", f"r{self.next_id}", ())
+            elif kind == "larger_than_pool":
+                op = Op("admit", f"r{self.next_id}", (0,) * (self.max_tokens + 1))
+            elif kind == "append_to_unknown" and "append" in ops:
+                op = Op("append", "ghost", (1,))
+            elif kind == "admit_existing" and live:
+                op = Op("admit", live[pick(data, live, "req")], (1,))
+            elif kind == "append_nothing" and live and "append" in ops:
+                op = Op("append", live[pick(data, live, "req")], ())
+            elif kind == "release_released" and gone and "release" in ops:
+                op = Op("release", gone[pick(data, gone, "released")])
+            self._step(op)
 
     KVLifecycle.__name__ = f"KVLifecycle[{adapter.name}]"
     return KVLifecycle

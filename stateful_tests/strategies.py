@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from hypothesis import strategies as st
+
 from kvspec.spec import Config, Semantics
 
 ALPHABET = st.integers(min_value=0, max_value=3)

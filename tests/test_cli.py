@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from kvspec.adapters.reference_paged import ReferencePagedAdapter
-from kvspec.spec import INVARIANT_NAMES, Op, Outcome
 
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli import main
+from kvspec.spec import INVARIANT_NAMES, Op, Outcome
 
 REPORT_KEYS = {
     "kvspec_report",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kvspec.gpu_checks import cli as gpu_cli
 from kvspec.gpu_checks.checks import Check, Section, compare
 from kvspec.gpu_checks.cuda_probe import CannotProbe, ProbeCase, cuda_missing, default_cases, judge, measure, probe

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kvspec.adapters.base import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter, prefix_of
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvspec.adapters import AdapterLoadError, available, load
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 

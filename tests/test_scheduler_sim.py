@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kvspec.adapters.base import Adapter
 from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
 from kvspec.reference.scheduler import SchedulerSim

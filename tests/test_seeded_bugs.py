@@ -15,12 +15,13 @@ import json
 from pathlib import Path
 
 import pytest
+from seeded_bugs import HANG, LIFECYCLE_BUGS, PAGED_BUGS, SCHEDULER_BUGS, SEEDED_BUGS, AdapterFactory, SeededBug
+
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.spec import INVARIANT_NAMES, INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 from kvspec.stateful_tests import PROFILES, Case, Profile, Result, Violation, replay_ops, run_check
 from kvspec.stateful_tests.conformance import CASE_SCHEMA
-from seeded_bugs import HANG, LIFECYCLE_BUGS, PAGED_BUGS, SCHEDULER_BUGS, SEEDED_BUGS, AdapterFactory, SeededBug
 
 KINDS = {inv.name: inv.kind for inv in INVARIANTS}
 
@@ -34,12 +35,7 @@ SEEDED_PROFILE: Profile = dataclasses.replace(PROFILES["ci"], name="ci-seeded", 
 
 # Bugs the random phase does not reach under SEEDED_PROFILE. Their test is a strict xfail,
 # so it starts failing, as a reminder to drop the entry, once the search finds them.
-SEARCH_MISSES: dict[str, str] = {
-    "lifecycle-plain-lru": (
-        "needs an idle record with more hits than a more recently used one, then pressure; the "
-        "generator repeats exact prompts too rarely (found only at example ~230 of the full ci profile)"
-    ),
-}
+SEARCH_MISSES: dict[str, str] = {}
 
 
 def refines(bug: SeededBug) -> bool:
@@ -149,11 +145,6 @@ def test_a_hung_adapter_is_cut_off_and_saved(tmp_path: Path) -> None:
     assert len(result.failure_ops) <= HANG.max_ops
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="run_check saves a hang with Config() and only the hung op, not the example's config and ops",
-)
 def test_a_hung_adapters_case_holds_the_ops_that_led_to_it(tmp_path: Path) -> None:
     """The case saved for a hang records the whole example: its step index is the last of its ops."""
     result = run_check(

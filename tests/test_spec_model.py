@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import (
     INVARIANTS,

@@ -1,0 +1,342 @@
+"""Bounded model checking and k-induction over the Z3 encoding of the block spec.
+
+``bmc`` unrolls the transition relation from the empty pool one operation at a
+time and asks Z3, at each depth k, for an op sequence of length k whose last
+step breaks an invariant. Every shorter depth was checked first, so the first
+counterexample found is a shortest one. "Holds up to K" means: no sequence of
+at most K operations of the bounded model (every op kind, every request, every
+prompt and append within the bounds, bad input included) breaks a selected
+invariant.
+
+``prove`` proves invariants for every depth of the bounded model by
+k-induction. An invariant P is k-inductive when it holds on the first k + 1
+steps from the empty pool (base) and, from any state whatever, k steps on which
+P held are followed by a step on which it holds (step; k = 0: P holds after
+every step from every state). Few invariants are inductive alone; each is
+inductive relative to the auxiliary invariants of spec.symbolic_invariants,
+which are first proved jointly 1-inductive.
+
+``inductive_lemmas`` finds, for any variant of the encoding (seeded bugs
+included), the largest subset of the auxiliary conjuncts that is inductive for
+that variant (Houdini); BMC may assume them on every state without excluding a
+single reachable one, which lets it go deeper.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import z3
+
+from .ops import Op
+from .symbolic import Bounds, Encoding, SymState, SymTransition, Term
+from .symbolic_invariants import AUXILIARY, SAFETY, auxiliary
+
+
+def _solver(enc: Encoding, *, incremental: bool) -> z3.Solver:
+    """An incremental solver for paths that grow, a bit-blasting one for one-shot queries."""
+    if enc.bounds.arith != "bv":
+        return z3.Solver()
+    if incremental:
+        return z3.SolverFor("QF_BV")
+    return z3.Then("simplify", "propagate-values", "solve-eqs", "bit-blast", "sat").solver()
+
+
+def _remaining_ms(deadline: float | None) -> int:
+    return 0 if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def _check(solver: z3.Solver, deadline: float | None) -> z3.CheckSatResult:
+    if deadline is not None:
+        solver.set("timeout", _remaining_ms(deadline))
+    answer: z3.CheckSatResult = solver.check()
+    return answer
+
+
+def _names(invariants: Sequence[str] | None) -> list[str]:
+    names = list(SAFETY) if invariants is None else list(invariants)
+    unknown = [n for n in names if n not in SAFETY]
+    if unknown:
+        raise ValueError(f"unknown invariant(s) {unknown}; known: {', '.join(SAFETY)}")
+    return names
+
+
+class Path:
+    """An unrolled path on one solver: states s0..sk, and the transitions between them."""
+
+    def __init__(self, enc: Encoding, solver: z3.Solver, start: SymState | None = None, tag: str = "") -> None:
+        self.enc, self.solver, self.tag = enc, solver, tag
+        self.states: list[SymState] = [start if start is not None else enc.initial()]
+        self.transitions: list[SymTransition] = []
+
+    def extend(self) -> SymTransition:
+        k = len(self.transitions)
+        constraint, tr = self.enc.transition(
+            self.states[-1], self.enc.op(f"{self.tag}op{k}"), self.enc.state(f"{self.tag}s{k + 1}")
+        )
+        self.solver.add(constraint)
+        self.states.append(tr.after)
+        self.transitions.append(tr)
+        return tr
+
+    def decode(self, model: z3.ModelRef) -> list[Op]:
+        return [self.enc.decode_op(model, tr.op) for tr in self.transitions]
+
+
+# -- lemmas ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Lemmas:
+    """Auxiliary conjuncts proved inductive for one encoding, as formulas over the template state."""
+
+    template: SymState
+    conjuncts: list[Term]
+    dropped: int
+    seconds: float
+
+    def on(self, state: SymState) -> Term:
+        pairs = list(zip(self.template.terms(), state.terms(), strict=True))
+        return z3.substitute(z3.And(*self.conjuncts), *pairs) if self.conjuncts else z3.BoolVal(True)
+
+
+def _conjuncts(term: Term) -> list[Term]:
+    if z3.is_and(term):
+        return [c for child in term.children() for c in _conjuncts(child)]
+    return [term]
+
+
+def inductive_lemmas(enc: Encoding, deadline: float | None = None) -> Lemmas:
+    """Houdini: drop every auxiliary conjunct false initially or broken by a step, until the rest is inductive."""
+    t0 = time.monotonic()
+    template = enc.state("lemma")
+    candidates = [c for f in AUXILIARY.values() for c in _conjuncts(f(enc, template))]
+    total = len(candidates)
+    pairs0 = list(zip(template.terms(), enc.initial().terms(), strict=True))
+    candidates = [c for c in candidates if z3.is_true(z3.simplify(z3.substitute(c, *pairs0)))]
+    solver = _solver(enc, incremental=True)
+    path = Path(enc, solver, template, tag="lemma_")
+    path.extend()
+    after = list(zip(template.terms(), path.states[-1].terms(), strict=True))
+    while candidates:
+        solver.push()
+        solver.add(*candidates)
+        post = [z3.substitute(c, *after) for c in candidates]
+        solver.add(z3.Not(z3.And(*post)))
+        answer = _check(solver, deadline)
+        if answer == z3.unsat:
+            solver.pop()
+            break
+        if answer == z3.unknown:
+            solver.pop()
+            candidates = []
+            break
+        model = solver.model()
+        kept = [
+            c for c, p in zip(candidates, post, strict=True) if not z3.is_false(model.eval(p, model_completion=True))
+        ]
+        solver.pop()
+        candidates = kept
+    return Lemmas(template, candidates, total - len(candidates), time.monotonic() - t0)
+
+
+# -- bounded model checking -------------------------------------------------------------------------------
+
+
+@dataclass
+class Counterexample:
+    """A shortest op sequence whose last step (index ``step``) breaks ``invariants``."""
+
+    ops: list[Op]
+    step: int
+    invariants: list[str]
+
+
+@dataclass
+class BmcResult:
+    """``depth``: all sequences of at most this many ops were checked (they held, unless there is a
+    ``counterexample``, which has exactly ``depth`` ops); ``complete``: the requested depth was reached."""
+
+    bounds: Bounds
+    requested: int
+    depth: int
+    seconds: float
+    counterexample: Counterexample | None = None
+    complete: bool = True
+    bug: str | None = None
+    lemmas: Lemmas | None = None
+    per_depth: list[float] = field(default_factory=list)
+
+    @property
+    def holds(self) -> bool:
+        return self.counterexample is None
+
+
+def bmc(
+    bounds: Bounds,
+    depth: int,
+    *,
+    bug: str | None = None,
+    invariants: Sequence[str] | None = None,
+    time_limit: float | None = None,
+    lemmas: bool = False,
+    progress: Callable[[int, float], None] | None = None,
+) -> BmcResult:
+    """Check ``invariants`` (default: every safety invariant) on all op sequences of up to ``depth`` ops.
+
+    lemmas=True first proves the inductive subset of the auxiliary invariants
+    for this encoding and assumes it on every state (sound: it excludes no
+    reachable state; often much faster on a correct spec).
+    """
+    names = _names(invariants)
+    enc = Encoding(bounds, bug)
+    t0 = time.monotonic()
+    deadline = None if time_limit is None else t0 + time_limit
+    result = BmcResult(bounds, depth, 0, 0.0, complete=False, bug=bug)
+    solver = _solver(enc, incremental=True)
+    path = Path(enc, solver)
+    if lemmas:
+        result.lemmas = inductive_lemmas(enc, deadline)
+    for k in range(depth):
+        tr = path.extend()
+        if result.lemmas is not None:
+            solver.add(result.lemmas.on(tr.after))
+        holds = {n: SAFETY[n](enc, tr) for n in names}
+        solver.push()
+        solver.add(z3.Not(z3.And(*holds.values())))
+        answer = _check(solver, deadline)
+        if answer == z3.sat:
+            model = solver.model()
+            broken = [n for n, f in holds.items() if z3.is_false(model.eval(f, model_completion=True))]
+            result.counterexample = Counterexample(path.decode(model), k, broken)
+            result.depth, result.complete = k + 1, True
+            solver.pop()
+            break
+        solver.pop()
+        if answer == z3.unknown:  # out of time
+            break
+        solver.add(*holds.values())  # proved at this depth: a lemma for the deeper ones
+        result.depth = k + 1
+        result.per_depth.append(time.monotonic() - t0)
+        if progress is not None:
+            progress(k + 1, time.monotonic() - t0)
+    else:
+        result.complete = True
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+# -- k-induction --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proof:
+    """One invariant's induction: proved at ``k`` assumed steps (None: not proved), alone or strengthened."""
+
+    invariant: str
+    k: int | None
+    strengthened: bool
+    seconds: float
+    counterexample: Counterexample | None = None
+    note: str = ""
+
+    @property
+    def proved(self) -> bool:
+        return self.k is not None and self.counterexample is None
+
+
+@dataclass
+class AuxiliaryProof:
+    """The auxiliary invariants hold on the empty pool and every step preserves them (1-inductive)."""
+
+    holds_initially: bool
+    inductive: bool
+    seconds: float
+    failing: list[str] = field(default_factory=list)
+
+    @property
+    def proved(self) -> bool:
+        return self.holds_initially and self.inductive
+
+
+def prove_auxiliary(bounds: Bounds, deadline: float | None = None) -> AuxiliaryProof:
+    """Aux(init), and Aux(s) and T(s, op, s') imply Aux(s'), for the whole AUXILIARY set at once."""
+    t0 = time.monotonic()
+    enc = Encoding(bounds)
+    holds_initially = z3.is_true(z3.simplify(auxiliary(enc, enc.initial())))
+    solver = _solver(enc, incremental=False)
+    path = Path(enc, solver, enc.state("aux0"), tag="aux_")
+    solver.add(auxiliary(enc, path.states[0]))
+    tr = path.extend()
+    post = {name: f(enc, tr.after) for name, f in AUXILIARY.items()}
+    solver.add(z3.Not(z3.And(*post.values())))
+    answer = _check(solver, deadline)
+    failing: list[str] = []
+    if answer == z3.sat:
+        model = solver.model()
+        failing = [n for n, f in post.items() if z3.is_false(model.eval(f, model_completion=True))]
+    elif answer == z3.unknown:
+        failing = ["(timed out)"]
+    return AuxiliaryProof(holds_initially, answer == z3.unsat, time.monotonic() - t0, failing)
+
+
+def base_case(
+    enc: Encoding, names: Sequence[str], steps: int, deadline: float | None
+) -> tuple[str, Counterexample | None]:
+    """Do ``names`` hold on every path of up to ``steps`` steps from the empty pool? ("unsat": yes)."""
+    result = bmc(enc.bounds, steps, bug=enc.bug, invariants=names, time_limit=_remaining_ms(deadline) / 1000 or None)
+    if result.counterexample is not None:
+        return "sat", result.counterexample
+    return ("unsat" if result.complete else "unknown"), None
+
+
+def step_case(
+    enc: Encoding, name: str, k: int, assume: Callable[[SymState], Term] | None, deadline: float | None
+) -> z3.CheckSatResult:
+    """From any state (satisfying ``assume``): k steps on which ``name`` held, then one that breaks it?"""
+    solver = _solver(enc, incremental=False)
+    path = Path(enc, solver, enc.state("ind0"), tag="ind_")
+    if assume is not None:
+        solver.add(assume(path.states[0]))
+    for _ in range(k):
+        solver.add(SAFETY[name](enc, path.extend()))
+    solver.add(z3.Not(SAFETY[name](enc, path.extend())))
+    return _check(solver, deadline)
+
+
+def prove(
+    bounds: Bounds,
+    invariants: Sequence[str] | None = None,
+    *,
+    max_k: int = 1,
+    time_limit: float | None = None,
+    progress: Callable[[Proof], None] | None = None,
+) -> tuple[AuxiliaryProof, list[Proof]]:
+    """k-induction for each invariant: alone for k = 0..max_k, else strengthened by the auxiliary set."""
+    names = _names(invariants)
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+    aux = prove_auxiliary(bounds, deadline)
+    enc = Encoding(bounds)
+    proofs = []
+    for name in names:
+        t0 = time.monotonic()
+        status, cex = base_case(enc, [name], max_k + 1, deadline)
+        if status == "sat":
+            proof = Proof(
+                name, None, False, time.monotonic() - t0, cex, "violated: a path from the empty pool breaks it"
+            )
+        else:
+            proved_at = next((k for k in range(max_k + 1) if step_case(enc, name, k, None, deadline) == z3.unsat), None)
+            if proved_at is not None and status == "unsat":
+                proof = Proof(name, proved_at, False, time.monotonic() - t0, note="inductive alone")
+            elif aux.proved and step_case(enc, name, 0, lambda s: auxiliary(enc, s), deadline) == z3.unsat:
+                proof = Proof(name, 0, True, time.monotonic() - t0, note="holds after any step from an auxiliary state")
+            else:
+                why = "the auxiliary set is not inductive" if not aux.proved else "step case not proved"
+                proof = Proof(name, None, True, time.monotonic() - t0, note=f"not proved: {why}")
+        proofs.append(proof)
+        if progress is not None:
+            progress(proof)
+    return aux, proofs
