@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.adapters import AdapterLoadError, Capabilities, available, load
+from kvspec.formal_cli import register as register_formal
 from kvspec.gpu_checks.cli import register as register_gpu_check
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
+from kvspec.stateful_tests.bounded import coverage_cases
 from kvspec.stateful_tests.report import table, write_junit, write_report
 
 EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
@@ -37,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--safety-only", action="store_true", help="skip the refinement checks against the spec's predictions"
     )
+    check.add_argument("--no-scenarios", action="store_true", help="skip the bounded-model coverage cases")
     check.add_argument("--quiet", action="store_true", help="no progress lines")
 
     replay = sub.add_parser("replay", help="replay a saved case on an adapter")
@@ -45,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("adapters", help="list the adapters that can be loaded")
     register_gpu_check(sub)
+    register_formal(sub)
     return parser
 
 
@@ -71,6 +75,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"kvspec: {exc}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    # The coverage-goal cases of the bounded model (committed, found by Z3) run first, on any
+    # adapter whose pool the kit sizes; only the ops the adapter implements are kept.
+    caps = getattr(factory, "capabilities", None)
+    extra = []
+    if not args.no_scenarios and isinstance(caps, Capabilities) and caps.fixed_config is None:
+        extra = coverage_cases(ops=caps.ops)
     result: Result | None = None
     try:
         result = run_check(
@@ -83,6 +93,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             step_timeout=args.step_timeout,
             progress=_progress(args.quiet),  # type: ignore[arg-type]
             refine=not args.safety_only,
+            extra_cases=extra,
         )
     finally:
         if result is not None:

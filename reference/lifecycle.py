@@ -49,9 +49,24 @@ class LifecycleSim:
     records' block counts) never exceeds ``total_blocks``; no ref count is
     negative; only records with ref_count == 0 ever leave the pool; and a call
     that raises leaves every record exactly as it was.
+
+    The same invariant as CrossHair contracts (``kvspec crosshair``):
+
+    inv: 0 <= self.allocated_blocks <= self.total_blocks
+    inv: all(rec.ref_count >= 0 for rec in self.records.values())
+    inv: all(rec.block_count == -(-rec.used_tokens // self.block_size_tokens) for rec in self.records.values())
+    inv: all(key == rec.prefix for key, rec in self.records.items())
     """
 
     def __init__(self, total_blocks: int = 16, block_size_tokens: int = 4) -> None:
+        """An empty pool of ``total_blocks`` blocks of ``block_size_tokens`` tokens.
+
+        The bounds below only keep CrossHair's symbolic pools small; any size works.
+
+        pre: total_blocks <= 8
+        pre: block_size_tokens <= 4
+        raises: ValueError
+        """
         if total_blocks <= 0 or block_size_tokens <= 0:
             raise ValueError("total_blocks and block_size_tokens must be positive")
         self.total_blocks = total_blocks
@@ -74,7 +89,11 @@ class LifecycleSim:
         return self.total_blocks - self.allocated_blocks
 
     def blocks_for_tokens(self, n: int) -> int:
-        """Whole blocks needed for ``n`` tokens (ceiling division); ``n`` must be positive."""
+        """Whole blocks needed for ``n`` tokens (ceiling division); ``n`` must be positive.
+
+        raises: ValueError
+        post: (__return__ - 1) * self.block_size_tokens < n <= __return__ * self.block_size_tokens
+        """
         if n <= 0:
             raise ValueError("token count must be positive")
         return -(-n // self.block_size_tokens)
@@ -128,6 +147,10 @@ class LifecycleSim:
 
         A cached record is shared even when nothing references it (it was kept
         for reuse): it gains a reference and a hit but no blocks.
+
+        raises: ValueError, CapacityError
+        post: self.records[prefix] is __return__ and __return__.ref_count >= 1
+        post: prefix not in __old__.self.records or self.allocated_blocks == __old__.self.allocated_blocks
         """
         self._check_prefix(prefix)
         needed = self.blocks_for_tokens(prompt_tokens)
@@ -151,6 +174,10 @@ class LifecycleSim:
         """Grow a referenced record by ``new_tokens``; return the blocks it gained.
 
         Tokens that fit in the tail block's slack cost no new block.
+
+        raises: ValueError, CapacityError
+        post: __return__ == self.allocated_blocks - __old__.self.allocated_blocks
+        post: __return__ >= 0
         """
         rec = self._active(prefix, "append")
         if new_tokens <= 0:
@@ -173,6 +200,10 @@ class LifecycleSim:
 
         At zero references the record stays cached for reuse, or, with
         ``keep_reusable=False``, is reclaimed and its blocks freed at once.
+
+        raises: ValueError
+        post: __return__ == __old__.self.records[prefix].ref_count - 1
+        post: __return__ > 0 or keep_reusable or prefix not in self.records
         """
         rec = self._active(prefix, "release")
         self.time += 1
@@ -185,7 +216,10 @@ class LifecycleSim:
         return rec.ref_count
 
     def snapshot(self) -> list[dict[str, int | str]]:
-        """Every record's ledger fields, ordered by prefix."""
+        """Every record's ledger fields, ordered by prefix.
+
+        post: len(__return__) == len(self.records)
+        """
         return [
             {
                 "prefix": rec.prefix,

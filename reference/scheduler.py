@@ -37,9 +37,22 @@ class SchedulerSim:
     the entries' sizes and never exceeds ``capacity_bytes``; every entry has
     exactly one non-stale item in ``queue`` (the one matching its current
     priority and last_used).
+
+    The same invariant as CrossHair contracts (``kvspec crosshair``):
+
+    inv: self.current_bytes == sum(e.size_bytes for e in self.entries.values())
+    inv: 0 <= self.current_bytes <= self.capacity_bytes
+    inv: all(self.queue.count((e.priority, e.last_used, e.prefix)) >= 1 for e in self.entries.values())
     """
 
     def __init__(self, capacity_bytes: int = 1024) -> None:
+        """An empty cache of ``capacity_bytes`` bytes.
+
+        The bound below only keeps CrossHair's symbolic caches small; any size works.
+
+        pre: capacity_bytes <= 64
+        raises: ValueError
+        """
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be positive")
         self.capacity_bytes = capacity_bytes
@@ -55,6 +68,13 @@ class SchedulerSim:
         """Retention score: reuse bonus + recency bonus - size penalty.
 
         More hits or a more recent access never lower it; more bytes never raise it.
+        Defined for the values an entry can have (a count, a size, a past access):
+
+        pre: 0 <= hits < 2 ** 53 and 0 <= size < 2 ** 53
+        pre: 0 <= last_used <= self.time
+        post: __return__ <= self.score(hits + 1, size, last_used)
+        post: __return__ <= self.score(hits, size, last_used + 1)
+        post: __return__ >= self.score(hits, size + 1, last_used)
         """
         # Kept term for term in this order so results are bit-identical to the spec's score.
         return (
@@ -103,6 +123,11 @@ class SchedulerSim:
         admits a new entry of ``bytes_`` bytes, evicting until it fits.
 
         ``bytes_`` is only used for a miss; a hit keeps the entry's size.
+
+        raises: ValueError
+        post: self.entries[prefix] is __return__
+        post: prefix in __old__.self.entries or __return__.size_bytes == bytes_
+        post: __return__.hits >= 1 and __return__.last_used == self.time
         """
         if not isinstance(prefix, str) or not prefix:
             raise ValueError("prefix must be a non-empty string")
@@ -127,12 +152,20 @@ class SchedulerSim:
         return entry
 
     def schedule(self, requests: Iterable[tuple[str, int]]) -> list[str]:
-        """Touch each (prefix, bytes) in order; return a copy of the whole event log."""
+        """Touch each (prefix, bytes) in order; return a copy of the whole event log.
+
+        raises: ValueError
+        post: len(__return__) >= len(__old__.self.log)
+        """
         for prefix, size in requests:
             self.touch(prefix, size)
         return list(self.log)
 
     def snapshot(self) -> list[tuple[str, int, float, int]]:
-        """(prefix, bytes, priority, hits) of every entry, most worth keeping first."""
+        """(prefix, bytes, priority, hits) of every entry, most worth keeping first.
+
+        post: len(__return__) == len(self.entries)
+        post: all(__return__[i][2] >= __return__[i + 1][2] for i in range(len(__return__) - 1))
+        """
         ordered = sorted(self.entries.values(), key=lambda e: (-e.priority, e.last_used, e.prefix))
         return [(e.prefix, e.size_bytes, e.priority, e.hits) for e in ordered]

@@ -9,12 +9,12 @@ prompt and append within the bounds, bad input included) breaks a selected
 invariant.
 
 ``prove`` proves invariants for every depth of the bounded model by
-k-induction. An invariant P is k-inductive when it holds on the first k + 1
-steps from the empty pool (base) and, from any state whatever, k steps on which
-P held are followed by a step on which it holds (step; k = 0: P holds after
-every step from every state). Few invariants are inductive alone; each is
-inductive relative to the auxiliary invariants of spec.symbolic_invariants,
-which are first proved jointly 1-inductive.
+k-induction. An invariant P (a property of one step) is k-inductive when it
+holds on the first k steps from the empty pool (base) and, from any state
+whatever, k - 1 steps on which P held are followed by a step on which it holds
+(step; k = 1: P holds after every step from every state). Few invariants are
+inductive alone; each is 1-inductive relative to the auxiliary invariants of
+spec.symbolic_invariants, which are first proved jointly 1-inductive.
 
 ``inductive_lemmas`` finds, for any variant of the encoding (seeded bugs
 included), the largest subset of the auxiliary conjuncts that is inductive for
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import z3
 
 from .ops import Op
-from .symbolic import Bounds, Encoding, SymState, SymTransition, Term
+from .symbolic import OP_KINDS, RESET, Bounds, Encoding, SymOp, SymState, SymTransition, Term
 from .symbolic_invariants import AUXILIARY, SAFETY, auxiliary
 
 
@@ -63,26 +63,65 @@ def _names(invariants: Sequence[str] | None) -> list[str]:
     return names
 
 
-class Path:
-    """An unrolled path on one solver: states s0..sk, and the transitions between them."""
+def op_cases(enc: Encoding, op: SymOp) -> list[Term]:
+    """One constraint per (op kind, request): a one-step query split this way is exhaustive, and each
+    part lets the simplifier drop every branch of the step but one."""
+    out = []
+    for kind in range(len(OP_KINDS)):
+        for r in range(1 if kind == RESET else enc.bounds.requests):
+            out.append(z3.And(op.kind == enc.num(kind), op.req == enc.num(r)))
+    return out
 
-    def __init__(self, enc: Encoding, solver: z3.Solver, start: SymState | None = None, tag: str = "") -> None:
+
+def _one_step(
+    enc: Encoding,
+    assume: Callable[[SymState], Term] | None,
+    goal: Callable[[SymTransition], Term],
+    deadline: float | None,
+) -> tuple[z3.CheckSatResult, z3.ModelRef | None, SymTransition | None]:
+    """Is there a state (satisfying ``assume``) and a step from it where ``goal`` is false? Split by op case."""
+    for case in op_cases(enc, enc.op("probe")):
+        solver = _solver(enc, incremental=False)
+        path = Path(enc, solver, enc.state("one0"), tag="one_")
+        if assume is not None:
+            solver.add(assume(path.states[0]))
+        tr = path.extend()
+        solver.add(z3.substitute(case, *zip(enc.op("probe").terms(), tr.op.terms(), strict=True)))
+        solver.add(z3.Not(goal(tr)))
+        answer = _check(solver, deadline)
+        if answer != z3.unsat:
+            return answer, solver.model() if answer == z3.sat else None, tr
+    return z3.unsat, None, None
+
+
+class Path:
+    """An unrolled path: states s0..sk and the transitions between them, with their constraints.
+
+    With a ``solver``, each step's constraint is also added to it as the path grows.
+    """
+
+    def __init__(
+        self, enc: Encoding, solver: z3.Solver | None = None, start: SymState | None = None, tag: str = ""
+    ) -> None:
         self.enc, self.solver, self.tag = enc, solver, tag
         self.states: list[SymState] = [start if start is not None else enc.initial()]
         self.transitions: list[SymTransition] = []
+        self.constraints: list[Term] = []
 
     def extend(self) -> SymTransition:
         k = len(self.transitions)
         constraint, tr = self.enc.transition(
             self.states[-1], self.enc.op(f"{self.tag}op{k}"), self.enc.state(f"{self.tag}s{k + 1}")
         )
-        self.solver.add(constraint)
+        self.constraints.append(constraint)
+        if self.solver is not None:
+            self.solver.add(constraint)
         self.states.append(tr.after)
         self.transitions.append(tr)
         return tr
 
-    def decode(self, model: z3.ModelRef) -> list[Op]:
-        return [self.enc.decode_op(model, tr.op) for tr in self.transitions]
+    def decode(self, model: z3.ModelRef, upto: int | None = None) -> list[Op]:
+        return [self.enc.decode_op(model, tr.op) for tr in self.transitions[:upto]]
 
 
 # -- lemmas ------------------------------------------------------------------------------------------
@@ -186,38 +225,39 @@ def bmc(
 ) -> BmcResult:
     """Check ``invariants`` (default: every safety invariant) on all op sequences of up to ``depth`` ops.
 
-    lemmas=True first proves the inductive subset of the auxiliary invariants
-    for this encoding and assumes it on every state (sound: it excludes no
-    reachable state; often much faster on a correct spec).
+    Each depth k is one bit-blasted query: the path of k steps, the invariants
+    already proved for the shorter depths assumed on its first k - 1 steps (they
+    hold there: those depths were checked), and their negation on the last.
+    lemmas=True first proves the inductive subset of the auxiliary invariants for
+    this encoding and assumes it on every state too (sound: it excludes no
+    reachable state).
     """
     names = _names(invariants)
     enc = Encoding(bounds, bug)
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
     result = BmcResult(bounds, depth, 0, 0.0, complete=False, bug=bug)
-    solver = _solver(enc, incremental=True)
-    path = Path(enc, solver)
+    path = Path(enc)
+    held: list[Term] = []
     if lemmas:
         result.lemmas = inductive_lemmas(enc, deadline)
     for k in range(depth):
         tr = path.extend()
         if result.lemmas is not None:
-            solver.add(result.lemmas.on(tr.after))
+            path.constraints.append(result.lemmas.on(tr.after))
         holds = {n: SAFETY[n](enc, tr) for n in names}
-        solver.push()
-        solver.add(z3.Not(z3.And(*holds.values())))
+        solver = _solver(enc, incremental=False)
+        solver.add(*path.constraints, *held, z3.Not(z3.And(*holds.values())))
         answer = _check(solver, deadline)
         if answer == z3.sat:
             model = solver.model()
             broken = [n for n, f in holds.items() if z3.is_false(model.eval(f, model_completion=True))]
             result.counterexample = Counterexample(path.decode(model), k, broken)
             result.depth, result.complete = k + 1, True
-            solver.pop()
             break
-        solver.pop()
         if answer == z3.unknown:  # out of time
             break
-        solver.add(*holds.values())  # proved at this depth: a lemma for the deeper ones
+        held.extend(holds.values())
         result.depth = k + 1
         result.per_depth.append(time.monotonic() - t0)
         if progress is not None:
@@ -233,7 +273,7 @@ def bmc(
 
 @dataclass
 class Proof:
-    """One invariant's induction: proved at ``k`` assumed steps (None: not proved), alone or strengthened."""
+    """One invariant's induction: proved k-inductive (None: not proved), alone or strengthened."""
 
     invariant: str
     k: int | None
@@ -261,22 +301,15 @@ class AuxiliaryProof:
         return self.holds_initially and self.inductive
 
 
-def prove_auxiliary(bounds: Bounds, deadline: float | None = None) -> AuxiliaryProof:
+def prove_auxiliary(bounds: Bounds, deadline: float | None = None, *, bug: str | None = None) -> AuxiliaryProof:
     """Aux(init), and Aux(s) and T(s, op, s') imply Aux(s'), for the whole AUXILIARY set at once."""
     t0 = time.monotonic()
-    enc = Encoding(bounds)
+    enc = Encoding(bounds, bug)
     holds_initially = z3.is_true(z3.simplify(auxiliary(enc, enc.initial())))
-    solver = _solver(enc, incremental=False)
-    path = Path(enc, solver, enc.state("aux0"), tag="aux_")
-    solver.add(auxiliary(enc, path.states[0]))
-    tr = path.extend()
-    post = {name: f(enc, tr.after) for name, f in AUXILIARY.items()}
-    solver.add(z3.Not(z3.And(*post.values())))
-    answer = _check(solver, deadline)
+    answer, model, tr = _one_step(enc, lambda s: auxiliary(enc, s), lambda tr: auxiliary(enc, tr.after), deadline)
     failing: list[str] = []
-    if answer == z3.sat:
-        model = solver.model()
-        failing = [n for n, f in post.items() if z3.is_false(model.eval(f, model_completion=True))]
+    if answer == z3.sat and model is not None and tr is not None:
+        failing = [n for n, f in AUXILIARY.items() if z3.is_false(model.eval(f(enc, tr.after), model_completion=True))]
     elif answer == z3.unknown:
         failing = ["(timed out)"]
     return AuxiliaryProof(holds_initially, answer == z3.unsat, time.monotonic() - t0, failing)
@@ -296,6 +329,8 @@ def step_case(
     enc: Encoding, name: str, k: int, assume: Callable[[SymState], Term] | None, deadline: float | None
 ) -> z3.CheckSatResult:
     """From any state (satisfying ``assume``): k steps on which ``name`` held, then one that breaks it?"""
+    if k == 0:
+        return _one_step(enc, assume, lambda tr: SAFETY[name](enc, tr), deadline)[0]
     solver = _solver(enc, incremental=False)
     path = Path(enc, solver, enc.state("ind0"), tag="ind_")
     if assume is not None:
@@ -310,29 +345,38 @@ def prove(
     bounds: Bounds,
     invariants: Sequence[str] | None = None,
     *,
-    max_k: int = 1,
+    max_k: int = 2,
     time_limit: float | None = None,
+    bug: str | None = None,
     progress: Callable[[Proof], None] | None = None,
 ) -> tuple[AuxiliaryProof, list[Proof]]:
-    """k-induction for each invariant: alone for k = 0..max_k, else strengthened by the auxiliary set."""
+    """k-induction for each invariant: alone for k = 1..max_k, else 1-induction strengthened by the auxiliary set.
+
+    k counts the steps of the induction: the step case assumes the invariant on
+    k - 1 consecutive steps from an arbitrary state and proves it on the next
+    (k = 1: it holds after any step from any state, so it is a property of the
+    step relation itself).
+    """
     names = _names(invariants)
     deadline = None if time_limit is None else time.monotonic() + time_limit
-    aux = prove_auxiliary(bounds, deadline)
-    enc = Encoding(bounds)
+    aux = prove_auxiliary(bounds, deadline, bug=bug)
+    enc = Encoding(bounds, bug)
     proofs = []
     for name in names:
         t0 = time.monotonic()
-        status, cex = base_case(enc, [name], max_k + 1, deadline)
+        status, cex = base_case(enc, [name], max_k, deadline)
         if status == "sat":
             proof = Proof(
                 name, None, False, time.monotonic() - t0, cex, "violated: a path from the empty pool breaks it"
             )
         else:
-            proved_at = next((k for k in range(max_k + 1) if step_case(enc, name, k, None, deadline) == z3.unsat), None)
-            if proved_at is not None and status == "unsat":
-                proof = Proof(name, proved_at, False, time.monotonic() - t0, note="inductive alone")
+            k_alone = next(
+                (k for k in range(1, max_k + 1) if step_case(enc, name, k - 1, None, deadline) == z3.unsat), None
+            )
+            if k_alone is not None and status == "unsat":
+                proof = Proof(name, k_alone, False, time.monotonic() - t0, note="inductive alone")
             elif aux.proved and step_case(enc, name, 0, lambda s: auxiliary(enc, s), deadline) == z3.unsat:
-                proof = Proof(name, 0, True, time.monotonic() - t0, note="holds after any step from an auxiliary state")
+                proof = Proof(name, 1, True, time.monotonic() - t0, note="1-inductive with the auxiliary invariants")
             else:
                 why = "the auxiliary set is not inductive" if not aux.proved else "step case not proved"
                 proof = Proof(name, None, True, time.monotonic() - t0, note=f"not proved: {why}")

@@ -41,7 +41,8 @@ from typing import Any
 import z3
 
 from .model import LedgerModel
-from .ops import Config, Op, Semantics
+from .observation import ObjectView, Observation, RequestState, RequestView
+from .ops import Config, Event, Op, Outcome, Semantics
 
 Term = Any
 """A z3 expression (the z3 package carries no type information)."""
@@ -812,6 +813,51 @@ class Encoding:
         if kind == "release":
             return Op("release", req, keep=bool(z3.is_true(model.eval(op.keep, model_completion=True))))
         return Op(kind, req)  # type: ignore[arg-type]
+
+    def key(self, model: z3.ModelRef, s: SymState, t: int) -> tuple[int, ...]:
+        """The token content of slot ``t``'s index entry (empty: none)."""
+        blocks = self.value(model, s.klen[t])
+        return self.unpack(self.bits_value(model, s.kbits[t]), blocks * self.bounds.block_size)
+
+    def observation(self, model: z3.ModelRef, s: SymState) -> Observation:
+        """The state as an adapter would report it: the projection the named invariants read."""
+        b = self.bounds
+        objects: dict[object, ObjectView] = {}
+        free = 0
+        index: dict[object, tuple[object, ...]] = {}
+        for t in range(b.blocks):
+            ref, hashed = self.value(model, s.ref[t]), z3.is_true(model.eval(s.hashed[t], model_completion=True))
+            key = self.key(model, s, t) if self.value(model, s.klen[t]) > 0 else None
+            if key is not None:
+                index[key] = (t,)
+            if ref or hashed:
+                fill, hits = self.value(model, s.fill[t]), self.value(model, s.hits[t])
+                objects[t] = ObjectView(t, 1, fill, ref, key if hashed else None, hits)
+            if self.value(model, s.pos[t]) >= 0 and not hashed:
+                free += 1
+        requests = {}
+        for r in range(b.requests):
+            st = self.value(model, s.st[r])
+            if st == ABSENT:
+                continue
+            tokens = self.unpack(self.bits_value(model, s.tbits[r]), self.value(model, s.tlen[r]))
+            table = tuple(self.value(model, s.tab[r][j]) for j in range(self.value(model, s.nb[r])))
+            state: RequestState = "running" if st == RUNNING else "preempted"
+            requests[b.req_id(r)] = RequestView(b.req_id(r), tokens, len(tokens), table, state)
+        return Observation(b.blocks, free, objects, requests, index)
+
+    def outcome(self, model: z3.ModelRef, tr: SymTransition) -> tuple[Outcome, tuple[Event, ...]]:
+        """The outcome and the events of one transition, as an adapter would report them."""
+        status = STATUSES[self.value(model, tr.step.status)]
+        kind = self.value(model, tr.op.kind)
+        hit = self.value(model, tr.step.hit_blocks) * self.bounds.block_size if kind in (ADMIT, RESUME) else None
+        outcome = Outcome(status, hit if status == "ok" else None)  # type: ignore[arg-type]
+        events = []
+        for name, flags in (("evict", tr.step.evicted), ("reclaim", tr.step.reclaimed)):
+            for t, flag in enumerate(flags):
+                if z3.is_true(model.eval(flag, model_completion=True)):
+                    events.append(Event(name, t, self.key(model, tr.before, t)))  # type: ignore[arg-type]
+        return outcome, tuple(events)
 
     def encode_op(self, op: Op) -> SymOp:
         """A concrete Op of the bounded model as constant terms."""

@@ -115,6 +115,7 @@ class Result:
     findings: list[dict[str, Any]] = field(default_factory=list)
     cases: list[str] = field(default_factory=list)
     applicable: frozenset[str] = frozenset()
+    given_cases: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -150,6 +151,7 @@ class Result:
             "seed": self.seed,
             "started_at": self.started_at,
             "duration_s": round(self.duration_s, 3),
+            "given_cases": self.given_cases,
             "examples": self.tally.examples,
             "steps": self.tally.steps,
             "examples_to_first_failure": (self.tally.first_failure_at or (None, None))[0],
@@ -209,6 +211,7 @@ def run_check(
         adapter = factory()
         result.adapter_version = adapter.capabilities.version
         result.applicable = applicable_invariants(adapter, refine)
+        result.given_cases = len(extra_cases)
         for case in extra_cases:
             violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
             if violation is not None:

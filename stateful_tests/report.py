@@ -25,6 +25,8 @@ def table(result: Result) -> str:
     rate = result.tally.steps / result.duration_s if result.duration_s else 0.0
     tally = result.tally
     lines += ["", f"{tally.examples} examples, {tally.steps} steps in {result.duration_s:.1f} s ({rate:.0f} steps/s)"]
+    if result.given_cases:
+        lines.append(f"the first {result.given_cases} examples were the bounded model's coverage cases")
     if tally.first_failure_at is not None:
         lines.append(f"first failure after {tally.first_failure_at[0]} examples; the rest were shrinking")
     cov = result.tally.coverage

@@ -1,0 +1,209 @@
+"""The formal subcommands of `kvspec`: bmc, prove, scenarios, crosshair.
+
+`register(subparsers)` adds them to the main parser; each sets ``handler`` to a
+function of the parsed arguments that returns the external exit code: 0 held or
+proved, 1 a counterexample was found, 2 the check could not run or could not
+decide within its limits (never read that as a pass).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
+
+
+def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:
+    parser.add_argument("--blocks", type=int, default=blocks, help=f"pool size N in blocks (default {blocks})")
+    parser.add_argument("--requests", type=int, default=2, help="number of requests R, named r0.. (default 2)")
+    parser.add_argument("--block-size", type=int, default=2, help="tokens per block B (default 2)")
+    parser.add_argument("--alphabet", type=int, default=2, help="token ids 0..A-1 (default 2)")
+    parser.add_argument("--max-append", type=int, default=0, help="tokens per append (default B + 1)")
+
+
+def register(subparsers: Any) -> None:
+    """Add bmc, prove, scenarios and crosshair to the `kvspec` subcommands."""
+    bmc = subparsers.add_parser("bmc", help="bounded model checking of the spec's Z3 encoding")
+    _bounds_args(bmc)
+    bmc.add_argument("--depth", type=int, default=6, help="check every op sequence of up to K ops (default 6)")
+    bmc.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
+    bmc.add_argument("--invariant", action="append", default=None, help="check only this invariant (repeatable)")
+    bmc.add_argument("--bug", default=None, help="check a seeded buggy variant of the spec (see --list-bugs)")
+    bmc.add_argument("--list-bugs", action="store_true", help="list the seeded spec bugs and exit")
+    bmc.add_argument("--lemmas", action="store_true", help="assume the auxiliary invariants proved inductive")
+    bmc.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
+    bmc.add_argument("--quiet", action="store_true", help="no per-depth progress lines")
+    bmc.set_defaults(handler=cmd_bmc)
+
+    prove = subparsers.add_parser("prove", help="prove the invariants by k-induction (and the score properties)")
+    _bounds_args(prove)
+    prove.add_argument("--max-k", type=int, default=2, help="try plain k-induction up to this k (default 2)")
+    prove.add_argument("--invariant", action="append", default=None, help="prove only this invariant (repeatable)")
+    prove.add_argument("--time-limit", type=float, default=None, help="give up after this many seconds")
+    prove.set_defaults(handler=cmd_prove)
+
+    scen = subparsers.add_parser("scenarios", help="find the shortest op sequence to each coverage goal")
+    _bounds_args(scen)
+    scen.add_argument("--depth", type=int, default=8, help="longest sequence searched (default 8)")
+    scen.add_argument("--out", type=Path, default=None, help="folder (default: the bundled scenarios folder)")
+    scen.add_argument("--case-files", action="store_true", help="also write one replayable case file per goal")
+    scen.add_argument("--time-per-goal", type=float, default=60.0, help="seconds per goal (default 60)")
+    scen.set_defaults(handler=cmd_scenarios)
+
+    ch = subparsers.add_parser("crosshair", help="check the reference simulators' contracts with CrossHair")
+    ch.add_argument("targets", nargs="*", help="modules, classes or files (default: the reference package)")
+    ch.add_argument("--per-condition-timeout", type=float, default=2.0, help="seconds per contract (default 2)")
+    ch.add_argument("--budget", type=float, default=600.0, help="total seconds before giving up (default 600)")
+    ch.set_defaults(handler=cmd_crosshair)
+
+
+def _bounds(args: argparse.Namespace) -> Any:
+    from kvspec.spec.symbolic import Bounds
+
+    return Bounds(args.blocks, args.requests, args.block_size, args.alphabet, args.max_append)
+
+
+def _fail(message: str) -> int:
+    print(f"kvspec: {message}", file=sys.stderr)
+    return EXIT_COULD_NOT_RUN
+
+
+def cmd_bmc(args: argparse.Namespace) -> int:
+    from kvspec.spec.bmc import bmc
+    from kvspec.spec.symbolic import BUGS
+    from kvspec.spec.symbolic_invariants import SAFETY
+    from kvspec.stateful_tests.conformance import Case
+
+    if args.list_bugs:
+        for bug in BUGS.values():
+            print(f"{bug.name:<24} {bug.invariant:<30} {bug.description}")
+        return EXIT_HELD
+    try:
+        bounds = _bounds(args)
+        progress = None if args.quiet else (lambda k, t: print(f"  depth {k}: held ({t:.1f} s)", flush=True))
+        what = f"N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}, A={bounds.alphabet}"
+        print(f"bounded model checking {'bug ' + args.bug if args.bug else 'the spec'}: {what}, depth {args.depth}")
+        result = bmc(
+            bounds,
+            args.depth,
+            bug=args.bug,
+            invariants=args.invariant,
+            time_limit=args.time_limit,
+            lemmas=args.lemmas,
+            progress=progress,
+        )
+    except ValueError as exc:
+        return _fail(str(exc))
+    if result.lemmas is not None:
+        print(f"  {len(result.lemmas.conjuncts)} lemmas proved inductive in {result.lemmas.seconds:.1f} s")
+    cex = result.counterexample
+    if cex is None:
+        if not result.complete:
+            print(
+                f"holds up to {result.depth} (of {args.depth} requested) in {result.seconds:.1f} s: time limit reached"
+            )
+            return EXIT_COULD_NOT_RUN
+        print(f"holds up to {result.depth} ({result.seconds:.1f} s)")
+        return EXIT_HELD
+    first = next(n for n in SAFETY if n in cex.invariants)
+    print(f"COUNTEREXAMPLE at depth {len(cex.ops)} ({result.seconds:.1f} s): {', '.join(cex.invariants)}")
+    for i, op in enumerate(cex.ops):
+        print(f"  {i:>3}. {op}")
+    expected = {
+        "invariant": first,
+        "violated": cex.invariants,
+        "step": cex.step,
+        "source": "bmc",
+        "bug": args.bug,
+        "bounds": bounds.to_json(),
+    }
+    path = Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)
+    print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
+    return EXIT_VIOLATED
+
+
+def cmd_prove(args: argparse.Namespace) -> int:
+    from kvspec.spec.bmc import Proof, prove
+    from kvspec.spec.parametric import check_refinement, prove_every_n
+    from kvspec.spec.score_proofs import check_score, spec_score
+    from kvspec.spec.symbolic_invariants import AUXILIARY
+
+    try:
+        bounds = _bounds(args)
+
+        def show(p: Proof) -> None:
+            if p.proved:
+                how = "alone" if not p.strengthened else "with the auxiliary invariants"
+                verdict = f"proved: {p.k}-inductive {how}"
+            else:
+                verdict = "VIOLATED" if p.counterexample is not None else p.note
+            print(f"  {p.invariant:<30} {verdict:<58} {p.seconds:6.1f} s", flush=True)
+
+        print(f"k-induction, N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}:")
+        aux, proofs = prove(bounds, args.invariant, max_k=args.max_k, time_limit=args.time_limit, progress=show)
+    except ValueError as exc:
+        return _fail(str(exc))
+    state = "1-inductive" if aux.proved else f"NOT inductive ({', '.join(aux.failing)})"
+    print(f"  auxiliary invariants ({', '.join(AUXILIARY)}): {state}, {aux.seconds:.1f} s")
+    every = prove_every_n()
+    refinement = check_refinement(bounds, time_limit=args.time_limit)
+    print("every pool size N:")
+    print(
+        f"  capacity conservation of the counting abstraction: {'proved' if every.proved else 'NOT proved'}"
+        f" ({every.seconds:.2f} s)"
+    )
+    print(
+        f"  the bounded encoding refines the abstraction at N={bounds.blocks}: "
+        f"{'proved' if refinement.holds else refinement.answer} ({refinement.seconds:.1f} s)"
+    )
+    scores = check_score(spec_score)
+    print("retention score, for all reals:")
+    for r in scores:
+        print(f"  {r.prop:<30} {'proved' if r.proved else 'COUNTEREXAMPLE ' + str(r.counterexample)}")
+    if any(p.counterexample is not None for p in proofs) or any(r.counterexample for r in scores):
+        return EXIT_VIOLATED
+    ok = all(p.proved for p in proofs) and aux.proved and every.proved and refinement.holds
+    return EXIT_HELD if ok and all(r.proved for r in scores) else EXIT_COULD_NOT_RUN
+
+
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    from kvspec.stateful_tests.bounded import SCENARIO_DIR, generate, save
+
+    try:
+        bounds = _bounds(args)
+
+        def show(goal: str, ops: list[str] | None, seconds: float) -> None:
+            found = f"{len(ops)} ops: {'; '.join(ops)}" if ops is not None else "not reached"
+            print(f"  {goal:<36} {seconds:5.1f} s  {found}", flush=True)
+
+        scenarios = generate(bounds, args.depth, time_per_goal=args.time_per_goal, progress=show)
+    except ValueError as exc:
+        return _fail(str(exc))
+    written = save(scenarios, args.out or SCENARIO_DIR, case_files=args.case_files)
+    total = len(scenarios.cases) + len(scenarios.unreached)
+    print(
+        f"{len(scenarios.cases)}/{total} coverage goals reached within depth {args.depth} "
+        f"({scenarios.seconds:.1f} s); wrote {written[0]}"
+        + (f" and {len(written) - 1} case files" if len(written) > 1 else "")
+    )
+    return EXIT_HELD
+
+
+def cmd_crosshair(args: argparse.Namespace) -> int:
+    from kvspec.stateful_tests.crosshair_run import REFERENCE_TARGETS, run_crosshair
+
+    targets = args.targets or list(REFERENCE_TARGETS)
+    limits = f"per condition {args.per_condition_timeout:g} s, budget {args.budget:g} s"
+    print(f"crosshair check {' '.join(targets)} ({limits})")
+    result = run_crosshair(targets, per_condition_timeout=args.per_condition_timeout, budget=args.budget)
+    for line in result.counterexamples:
+        print(f"  {line}")
+    if result.timed_out:
+        print(f"did not finish within the budget of {args.budget:g} s")
+    elif result.exit_code == EXIT_COULD_NOT_RUN:
+        print(result.output[-2000:], file=sys.stderr)
+    print(f"{result.verdict} ({result.seconds:.1f} s)")
+    return result.exit_code
