@@ -14,6 +14,8 @@ BUILTIN: dict[str, str] = {
     "reference": "kvspec.adapters.reference_paged:ReferencePagedAdapter",
     "lifecycle-sim": "kvspec.adapters.lifecycle_sim:LifecycleSimAdapter",
     "scheduler-sim": "kvspec.adapters.scheduler_sim:SchedulerSimAdapter",
+    "vllm": "kvspec.adapters.vllm_inprocess:VllmAdapter",
+    "vllm-blockpool": "kvspec.adapters.vllm_blockpool:VllmBlockPoolAdapter",
 }
 
 ENTRY_POINT_GROUP = "kvspec.adapters"

@@ -1,0 +1,298 @@
+"""Adapter for vLLM v1's own KVCacheManager, in process: real Requests, no model, no GPU.
+
+Each spec operation is what vLLM's scheduler does for one request:
+
+=================  ====================================================================
+spec               vLLM
+=================  ====================================================================
+admit(r, prompt)   Request(prompt); get_computed_blocks; allocate_slots(prompt - hit,
+                   hit, hit blocks). ``None``: refused, the request is dropped.
+append(r, toks)    append_output_token_ids(toks); allocate_slots(len(toks)). ``None``:
+                   refused, and the tokens are taken back (the engine did not run them).
+release(r)         free(r). keep=False: first drop the prefix-cache entries of the blocks
+                   only r holds (evict_blocks), then free(r).
+preempt(r)         free(r); status PREEMPTED, num_computed_tokens = 0; r waits here.
+resume(r)          as admit, for the waiting Request with all its tokens.
+reset_cache()      reset_prefix_cache(); False (a block is in use): refused.
+=================  ====================================================================
+
+The observation is projected from vLLM's own state, never recomputed
+(``VllmProjection.observe``). The adapter decides nothing an allocator decides:
+hits, admission, evictions and ref counts all come from vLLM. What it does
+itself is what the engine's front end and scheduler do around the allocator:
+reject bad input (unknown request, empty or over-long prompt), keep preempted
+requests waiting, and undo the tokens of a refused append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Literal
+
+from kvspec.adapters import _vllm_shims as shims
+from kvspec.adapters.base import Capabilities
+from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+
+EventKind = Literal["evict", "reclaim"]
+
+# vLLM's choices, written as spec parameters. Values the installed spec cannot
+# express yet make the adapter declare exact=False (safety checks only).
+DUPLICATE_KEYS = "indexed"
+"""Blocks filled independently with the same prefix are all cached under its hash (no de-duplication)."""
+
+
+def declared_semantics(vllm: shims.Vllm) -> tuple[Semantics, tuple[str, ...]]:
+    """vLLM's semantics as spec parameters, and notes on what the spec cannot express yet.
+
+    Declared for every release: block granularity; the LRU free queue with lazy
+    eviction (a cached block keeps its hash in the queue until popped); cached
+    free blocks counted as evictable capacity; the hit cap (one prompt token is
+    always computed); reset refused while a block is in use; reversed free
+    order (a request's tail blocks are evicted first). Per release: duplicate
+    keys (always ``indexed``) and where uncached freed blocks go (``head`` from
+    0.24, ``tail`` before).
+    """
+    choices: dict[str, str] = {
+        "duplicate_keys": DUPLICATE_KEYS,
+        "free_uncached": "head" if vllm.uncached_freed_first() else "tail",
+    }
+    known = {f.name for f in fields(Semantics)}
+    missing = sorted(k for k in choices if k not in known)
+    kwargs: dict[str, Any] = {k: v for k, v in choices.items() if k in known}
+    semantics = Semantics(
+        granularity="block", eviction="lru", hit_cap=True, reset_requires_idle=True, exact=not missing, **kwargs
+    )
+    notes = tuple(
+        f"the spec has no Semantics.{name} (vLLM: {choices[name]!r}): refinement checks are off" for name in missing
+    )
+    return semantics, notes
+
+
+class VllmProjection:
+    """What both vLLM adapters share: the engine front end, waiting requests, and the projection.
+
+    Subclasses own the pool (``self.pool``) and say which blocks each running
+    request holds (``_tables``).
+
+    Projection invariants (each read from vLLM, none recomputed):
+    - capacity = num_gpu_blocks - 1: block 0 is vLLM's reserved null block and is
+      never an object, never free;
+    - objects = non-null blocks with ref_cnt != 0 or a block hash (cached free
+      blocks are cache objects until popped: lazy eviction);
+    - free = the free queue's own counter minus the cached ref-0 blocks found by
+      walking its linked list (bounded by the pool size): a queue that counts a
+      block twice, or lists a referenced block, shows as lost or extra capacity;
+    - index = vLLM's hash map, each hash with every block cached under it;
+    - request tables = vLLM's per-request block lists, tokens = the Request's own.
+    """
+
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self.vllm = shims.load()
+        semantics, notes = declared_semantics(self.vllm)
+        self.capabilities = Capabilities(semantics=semantics, version=f"vllm {self.vllm.version}", notes=notes)
+        self.running: dict[str, Any] = {}  # request id -> Request holding blocks
+        self.waiting: dict[str, Any] = {}  # request id -> preempted Request, holding none
+        self._events: list[Event] = []
+        self._event_kind: EventKind = "evict"
+        self.reset(Config())
+
+    # -- lifecycle ------------------------------------------------------------------
+    def reset(self, config: Config) -> None:
+        """A fresh pool of config.capacity usable blocks plus the null block."""
+        self.config = config
+        self.block_size = config.block_size
+        self.max_model_len = config.capacity * config.block_size
+        self.hasher: Any = self.vllm.block_hasher(config.block_size)
+        self.running.clear()
+        self.waiting.clear()
+        self._events.clear()
+        self.pool: Any = self._new_pool(config.capacity + 1)
+        self._tap_evictions(self.pool)
+
+    def close(self) -> None:
+        self.running.clear()
+        self.waiting.clear()
+
+    def _new_pool(self, num_blocks: int) -> Any:
+        raise NotImplementedError
+
+    def _tables(self) -> dict[str, list[Any]]:
+        """Block table of each running request, as vLLM (or the adapter driving the pool) holds it."""
+        raise NotImplementedError
+
+    # -- events -----------------------------------------------------------------------
+    def _tap_evictions(self, pool: Any) -> None:
+        """Report each block whose cached hash vLLM drops, as vLLM drops it (lazy eviction or evict_blocks).
+
+        The tap wraps this pool instance's own ``_maybe_evict_cached_block``, the
+        one place every release removes a block's hash; it changes nothing.
+        """
+        original = pool._maybe_evict_cached_block
+
+        def tapped(block: Any) -> Any:
+            oid, key = block.block_id, block.block_hash
+            dropped = original(block)
+            if dropped and key is not None:
+                self._events.append(Event(self._event_kind, oid, key))
+            return dropped
+
+        pool._maybe_evict_cached_block = tapped
+
+    def events(self) -> list[Event]:
+        out, self._events = self._events, []
+        return out
+
+    def _reset_cache(self) -> Outcome:
+        """reset_prefix_cache; on success every block cached before is reclaimed (vLLM's AllBlocksCleared)."""
+        cached = [(b.block_id, b.block_hash) for b in self.pool.blocks if b.block_hash is not None and not b.is_null]
+        if not self._pool_reset():
+            return Outcome.refused("blocks are in use")
+        self._events += [Event("reclaim", oid, key) for oid, key in cached]
+        return Outcome.ok()
+
+    def _pool_reset(self) -> bool:
+        raise NotImplementedError
+
+    # -- the engine front end -------------------------------------------------------------
+    def _rejection(self, op: Op) -> str | None:
+        """Why the engine would reject ``op`` before it reaches the allocator (None: it would not)."""
+        if op.op == "reset_cache":
+            return None
+        req = op.req
+        if not req:
+            return f"{op.op} needs a request id"
+        known = req in self.running or req in self.waiting
+        if op.op == "admit":
+            if known:
+                return f"request {req!r} already exists"
+            return self._bad_tokens(op.tokens, 0, "prompt")
+        if not known:
+            return f"unknown or already released request {req!r}"
+        if op.op == "release":
+            return None
+        if op.op == "append":
+            if req not in self.running:
+                return f"append to request {req!r} that is not running"
+            return self._bad_tokens(op.tokens, self.running[req].num_tokens, "request")
+        if op.op == "preempt":
+            if req not in self.running:
+                return f"preempt of request {req!r} that is not running"
+            return None if op.mode == "recompute" else f"unsupported preempt mode {op.mode!r}"
+        # resume
+        return None if req in self.waiting else f"resume of request {req!r} that is not preempted"
+
+    def _bad_tokens(self, tokens: tuple[int, ...], held: int, what: str) -> str | None:
+        if not tokens:
+            return f"empty {what} tokens"
+        if min(tokens) < 0:
+            return "token ids must be non-negative"
+        if held + len(tokens) > self.max_model_len:
+            return f"{what} of {held + len(tokens)} tokens is longer than max_model_len {self.max_model_len}"
+        return None
+
+    def apply(self, op: Op) -> Outcome:
+        problem = self._rejection(op)
+        if problem is not None:
+            return Outcome.invalid(problem)
+        self._event_kind = "reclaim" if op.op in ("release", "reset_cache") else "evict"
+        if op.op == "reset_cache":
+            return self._reset_cache()
+        assert op.req is not None
+        handler = getattr(self, f"_{op.op}")
+        outcome: Outcome = handler(op.req, op)
+        return outcome
+
+    # -- projection ---------------------------------------------------------------------------
+    def observe(self) -> Observation:
+        pool, bs = self.pool, self.block_size
+        tables = self._tables()
+        tokens_in: dict[int, int] = {}
+        requests: dict[str, RequestView] = {}
+        for rid, request in self.running.items():
+            blocks = tables.get(rid, [])
+            n = request.num_tokens
+            for i, block in enumerate(blocks):
+                tokens_in[block.block_id] = min(bs, n - i * bs)
+            requests[rid] = RequestView(
+                rid, tuple(request.all_token_ids), request.num_prompt_tokens, tuple(b.block_id for b in blocks)
+            )
+        for rid, request in self.waiting.items():
+            requests[rid] = RequestView(rid, tuple(request.all_token_ids), request.num_prompt_tokens, (), "preempted")
+        objects = {
+            b.block_id: ObjectView(b.block_id, 1, tokens_in.get(b.block_id, bs), b.ref_cnt, b.block_hash)
+            for b in pool.blocks
+            if not b.is_null and (b.ref_cnt != 0 or b.block_hash is not None)
+        }
+        walk = shims.walk_free_queue(pool.free_block_queue, bound=len(pool.blocks) + 1)
+        cached_free = sum(1 for b in walk.blocks if b.block_hash is not None and b.ref_cnt == 0)
+        index = {key: tuple(b.block_id for b in blocks) for key, blocks in shims.hash_map_entries(pool)}
+        extra = {
+            "num_free_blocks": walk.counter,
+            "free_queue_walked": len(walk.blocks),
+            "free_queue_complete": walk.complete,
+        }
+        return Observation(pool.num_gpu_blocks - 1, walk.counter - cached_free, objects, requests, index, extra)
+
+
+class VllmAdapter(VllmProjection):
+    """vLLM's KVCacheManager (coordinator, single-type manager, BlockPool) driven like its scheduler does."""
+
+    name = "vllm"
+
+    def _new_pool(self, num_blocks: int) -> Any:
+        self.manager = self.vllm.manager(num_blocks, self.block_size, self.max_model_len)
+        return self.manager.block_pool
+
+    def _tables(self) -> dict[str, list[Any]]:
+        tables: dict[str, list[Any]] = self.manager.coordinator.single_type_managers[shims.GROUP].req_to_blocks
+        return {rid: list(tables.get(rid) or ()) for rid in self.running}
+
+    def _pool_reset(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    def _schedule(self, request: Any) -> Outcome:
+        """Admit a waiting request the way the scheduler does: prefix hit, then one allocation for the rest."""
+        blocks, hit = self.vllm.computed_blocks(self.manager, request)
+        if self.manager.allocate_slots(request, request.num_tokens - hit, hit, blocks) is None:
+            return Outcome.refused("allocate_slots returned None")
+        request.num_computed_tokens = request.num_tokens
+        request.status = self.vllm.RequestStatus.RUNNING
+        self.running[request.request_id] = request
+        return Outcome.ok(hit)
+
+    def _admit(self, req: str, op: Op) -> Outcome:
+        return self._schedule(self.vllm.request(req, op.tokens, self.hasher))
+
+    def _resume(self, req: str, op: Op) -> Outcome:
+        outcome = self._schedule(self.waiting[req])
+        if outcome.status == "ok":
+            del self.waiting[req]
+        return outcome
+
+    def _append(self, req: str, op: Op) -> Outcome:
+        request = self.running[req]
+        before = request.num_tokens
+        request.append_output_token_ids(list(op.tokens))
+        if self.manager.allocate_slots(request, len(op.tokens)) is None:
+            self.vllm.truncate_request(request, before, self.block_size)
+            return Outcome.refused("allocate_slots returned None")
+        request.num_computed_tokens = request.num_tokens
+        return Outcome.ok()
+
+    def _release(self, req: str, op: Op) -> Outcome:
+        request = self.running.pop(req) if req in self.running else self.waiting.pop(req)
+        if not op.keep:
+            table = self.manager.coordinator.single_type_managers[shims.GROUP].req_to_blocks.get(req) or []
+            self.vllm.drop_cached(self.pool, [b for b in table if b.ref_cnt == 1 and b.block_hash is not None])
+        self.manager.free(request)
+        return Outcome.ok()
+
+    def _preempt(self, req: str, op: Op) -> Outcome:
+        request = self.running.pop(req)
+        self.manager.free(request)
+        request.status = self.vllm.RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        self.waiting[req] = request
+        return Outcome.ok()
