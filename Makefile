@@ -9,7 +9,7 @@ TYPECHECK_DIR := build/typecheck
 GPU_VENV ?= .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.kvspec-installed
 
-.PHONY: check test lint typecheck importlint bench gpu-check clean
+.PHONY: check test lint typecheck importlint bench gpu-check formal clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ $(GPU_STAMP): pyproject.toml
 gpu-check: $(GPU_STAMP)
 	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_gpu_checks.py gpu_checks
 	$(GPU_VENV)/bin/kvspec gpu-check --json build/gpu_check.json
+
+## Bounded model checking, induction proofs, CrossHair contracts (docs/formal.md).
+formal: $(STAMP)
+	$(BIN)/kvspec bmc --blocks 3 --requests 2 --depth 3
+	$(BIN)/kvspec prove --blocks 3 --requests 2
+	$(BIN)/kvspec crosshair --per-condition-timeout 1 --budget 900
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/steps_per_second.py

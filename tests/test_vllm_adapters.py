@@ -29,9 +29,22 @@ def exact() -> bool:
     return VllmAdapter().capabilities.semantics.exact
 
 
-@pytest.fixture(params=sorted(FACTORIES))
-def factory(request: pytest.FixtureRequest) -> type[VllmProjection]:
-    return FACTORIES[request.param]
+def tolerates_repeats() -> bool:
+    """Whether the installed BlockPool.free_blocks takes two references to a block in one call (0.24+)."""
+    return VllmAdapter().vllm.free_blocks_tolerates_repeats()
+
+
+def blockpool() -> VllmBlockPoolAdapter:
+    """The block-level adapter; on releases with the known free_blocks bug (KNOWN_BUGS), one reference per call."""
+    return VllmBlockPoolAdapter(sibling_frees=tolerates_repeats())
+
+
+blockpool.name = "vllm-blockpool"  # type: ignore[attr-defined]
+
+
+@pytest.fixture(params=["vllm", "vllm-blockpool"])
+def factory(request: pytest.FixtureRequest) -> Any:
+    return VllmAdapter if request.param == "vllm" else blockpool
 
 
 def run(adapter: Adapter, config: Config, *ops: Op) -> list[Any]:
@@ -42,7 +55,7 @@ def run(adapter: Adapter, config: Config, *ops: Op) -> list[Any]:
 # -- the suite passes on the real allocator ------------------------------------------------------
 
 
-def test_conformance_passes(factory: type[VllmProjection], tmp_path: Path) -> None:
+def test_conformance_passes(factory: Any, tmp_path: Path) -> None:
     result = run_check(factory, name=factory.name, profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path)
     assert result.status == "passed", [result.failure, result.findings, result.error]
     assert result.adapter_version.startswith("vllm ")
@@ -68,7 +81,7 @@ def test_declared_semantics_follow_the_release() -> None:
 # -- the projection is vLLM's own accounting -------------------------------------------------------
 
 
-def test_null_block_is_reserved(factory: type[VllmProjection]) -> None:
+def test_null_block_is_reserved(factory: Any) -> None:
     adapter = factory()
     adapter.reset(Config(capacity=3, block_size=2))
     obs = adapter.observe()
@@ -77,7 +90,7 @@ def test_null_block_is_reserved(factory: type[VllmProjection]) -> None:
     assert 0 not in obs.objects
 
 
-def test_cached_free_blocks_are_objects_until_popped(factory: type[VllmProjection]) -> None:
+def test_cached_free_blocks_are_objects_until_popped(factory: Any) -> None:
     """Lazy eviction: a released full block keeps its hash in the free queue, then loses it when reused."""
     adapter = factory()
     outcomes = run(adapter, Config(capacity=3, block_size=2), Op("admit", "a", (1, 2, 3)), Op("release", "a"))
@@ -91,14 +104,14 @@ def test_cached_free_blocks_are_objects_until_popped(factory: type[VllmProjectio
     assert [(e.kind, e.oid) for e in events if e.kind == "evict"] == [("evict", cached.oid)]
 
 
-def test_hit_cap_leaves_one_token(factory: type[VllmProjection]) -> None:
+def test_hit_cap_leaves_one_token(factory: Any) -> None:
     adapter = factory()
     run(adapter, Config(capacity=6, block_size=2), Op("admit", "a", (1, 2, 3, 4)))
     assert adapter.apply(Op("admit", "b", (1, 2, 3, 4))).hit_tokens == 2  # not 4: the last block is recomputed
     assert adapter.apply(Op("admit", "c", (1, 2, 3, 4, 5))).hit_tokens == 4
 
 
-def test_independently_filled_blocks_share_a_hash(factory: type[VllmProjection]) -> None:
+def test_independently_filled_blocks_share_a_hash(factory: Any) -> None:
     """No de-duplication: the index lists both blocks under one hash (declared duplicate_keys='indexed')."""
     adapter = factory()
     run(adapter, Config(capacity=4, block_size=2), Op("admit", "a", (1, 2)), Op("admit", "b", (1, 2)))
@@ -109,7 +122,7 @@ def test_independently_filled_blocks_share_a_hash(factory: type[VllmProjection])
     assert a != b and obs.objects[a[0]].key == obs.objects[b[0]].key
 
 
-def test_refused_append_changes_nothing(factory: type[VllmProjection]) -> None:
+def test_refused_append_changes_nothing(factory: Any) -> None:
     adapter = factory()
     run(adapter, Config(capacity=3, block_size=2), Op("admit", "a", (1, 2, 3)), Op("admit", "b", (9,)))
     before = adapter.observe()
@@ -119,7 +132,7 @@ def test_refused_append_changes_nothing(factory: type[VllmProjection]) -> None:
     assert len(adapter.running["a"].block_hashes) == 1
 
 
-def test_bad_input_is_rejected_before_the_allocator(factory: type[VllmProjection]) -> None:
+def test_bad_input_is_rejected_before_the_allocator(factory: Any) -> None:
     adapter = factory()
     adapter.reset(Config(capacity=2, block_size=2))
     for op in (Op("admit", "a", ()), Op("admit", "a", (1,) * 5), Op("release", "ghost"), Op("resume", "ghost")):
@@ -163,7 +176,7 @@ def test_seeded_vllm_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize("known", KNOWN_BUGS, ids=[k.name for k in KNOWN_BUGS])
 def test_known_vllm_bug_regression(known: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The shrunk case from the release matrix: it holds on a fixed release, and fails on the historical code."""
-    fixed = VllmAdapter().vllm.free_blocks_tolerates_repeats()
+    fixed = tolerates_repeats()
     violation = replay_ops(FACTORIES[known.adapter](), known.config, known.ops, refine=False)
     assert (violation is None) == fixed, violation
     bug = next(b for b in VLLM_BUGS if b.name == known.seeded_as)

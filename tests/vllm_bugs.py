@@ -220,7 +220,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         "vllm-blockpool",
         ">=0.10.2,<0.24",
         Config(capacity=2, block_size=2),
-        (Op("admit", "r0", (1000, 1001)), Op("preempt", "r0")),
+        (Op("admit", "r0", (0, 0)), Op("release", "r0")),
         "free-queues-twice",
         "BlockPool.free_blocks decrements every listed block first and then queues each listed block whose count "
         "is zero: one call carrying two references to a block (two requests sharing it, freed together) queues "
