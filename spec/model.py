@@ -108,6 +108,9 @@ class Step:
     evicted: tuple[Content, ...]
     reclaimed: tuple[Content, ...]
     free: int
+    # Block granularity: the slot each evicted / reclaimed key left (with duplicate keys, not always index[key]).
+    evicted_slots: tuple[int, ...] = ()
+    reclaimed_slots: tuple[int, ...] = ()
 
 
 class LedgerModel:
@@ -128,11 +131,15 @@ class LedgerModel:
         # Record and entry granularity: objects keyed by their prompt.
         self.records: dict[Content, _Object] = {}
         self.index: dict[Hashable, object] = {}
+        # Block granularity, duplicate_keys="indexed": further blocks cached under a key, after index[key].
+        self.duplicates: dict[Hashable, list[int]] = {}
         if semantics.granularity == "block":
             self.slots = [_Object() for _ in range(config.capacity)]
             self.free_queue = OrderedDict.fromkeys(range(config.capacity))
         self._evicted: list[Content] = []
         self._reclaimed: list[Content] = []
+        self._evicted_slots: list[int] = []
+        self._reclaimed_slots: list[int] = []
 
     # -- observation ------------------------------------------------------
     def observe(self) -> Observation:
@@ -151,7 +158,9 @@ class LedgerModel:
             rid: RequestView(rid, r.tokens, r.prompt_len, tuple(r.objects), r.state)  # type: ignore[arg-type]
             for rid, r in self.requests.items()
         }
-        index: dict[Hashable, tuple[object, ...]] = {key: (oid,) for key, oid in self.index.items()}
+        index: dict[Hashable, tuple[object, ...]] = {
+            key: (oid, *self.duplicates.get(key, ())) for key, oid in self.index.items()
+        }
         return Observation(self.config.capacity, free, objects, requests, index)
 
     @property
@@ -164,6 +173,7 @@ class LedgerModel:
     def step(self, op: Op) -> Step:
         """Apply ``op``; a refused or invalid op leaves the ledger exactly as it was."""
         self._evicted, self._reclaimed = [], []
+        self._evicted_slots, self._reclaimed_slots = [], []
         try:
             validate(op, self.observe(), self.config, self.semantics)
         except SpecError as exc:
@@ -174,11 +184,31 @@ class LedgerModel:
             return Step(Outcome.invalid(f"{op.op} is not defined at {gran} granularity"), (), (), self.free)
         self.clock += 1
         outcome = handler(op)
-        return Step(outcome, tuple(self._evicted), tuple(self._reclaimed), self.free)
+        return Step(
+            outcome,
+            tuple(self._evicted),
+            tuple(self._reclaimed),
+            self.free,
+            tuple(self._evicted_slots),
+            tuple(self._reclaimed_slots),
+        )
 
     # -- block granularity --------------------------------------------------
     def _prefix(self, tokens: Content, i: int) -> Content:
         return tokens[: (i + 1) * self.config.block_size]
+
+    def _unindex(self, key: Hashable, sid: int) -> None:
+        """Drop slot ``sid`` from the index under ``key``; the next duplicate, if any, takes its place."""
+        more = self.duplicates.get(key, [])
+        if self.index.get(key) == sid:
+            if more:
+                self.index[key] = more.pop(0)
+            else:
+                del self.index[key]
+        elif sid in more:
+            more.remove(sid)
+        if not more:
+            self.duplicates.pop(key, None)
 
     def _pop_free(self, n: int) -> list[int]:
         """Take ``n`` slots from the head of the free queue, evicting cached ones."""
@@ -187,15 +217,15 @@ class LedgerModel:
             sid, _ = self.free_queue.popitem(last=False)
             slot = self.slots[sid]
             if slot.key is not None:
-                if self.index.get(slot.key) == sid:
-                    del self.index[slot.key]
+                self._unindex(slot.key, sid)
                 self._evicted.append(slot.key)
+                self._evicted_slots.append(sid)
             self.slots[sid] = _Object(ref_count=1, last_used=self.clock)
             taken.append(sid)
         return taken
 
     def _cache_full_blocks(self, request: _Request, start: int) -> None:
-        """Give every full block from ``start`` on its key, unless the key is cached already."""
+        """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys)."""
         bs = self.config.block_size
         for i in range(start, len(request.tokens) // bs):
             key = self._prefix(request.tokens, i)
@@ -203,6 +233,9 @@ class LedgerModel:
             assert isinstance(sid, int)
             if key not in self.index:
                 self.index[key] = sid
+                self.slots[sid].key = key
+            elif self.semantics.duplicate_keys == "indexed":
+                self.duplicates.setdefault(key, []).append(sid)
                 self.slots[sid].key = key
 
     def _fill_tokens(self, request: _Request) -> None:
@@ -270,7 +303,12 @@ class LedgerModel:
         return Outcome.ok()
 
     def _block_free(self, request: _Request, keep: bool) -> None:
-        """Drop the request's references, tail block first, onto the free queue's tail."""
+        """Drop the request's references, tail block first, onto the free queue's tail.
+
+        With free_uncached="head", the freed blocks that hold no key go to the
+        head instead, in the same order (the request's tail block first).
+        """
+        to_head: list[int] = []
         for sid in reversed(request.objects):
             assert isinstance(sid, int)
             slot = self.slots[sid]
@@ -278,13 +316,19 @@ class LedgerModel:
             if slot.ref_count:
                 continue
             if slot.key is not None and not keep:
-                if self.index.get(slot.key) == sid:
-                    del self.index[slot.key]
+                self._unindex(slot.key, sid)
                 self._reclaimed.append(slot.key)
+                self._reclaimed_slots.append(sid)
                 slot.key = None
             if slot.key is None:
                 self.slots[sid] = _Object()
+                if self.semantics.free_uncached == "head":
+                    to_head.append(sid)
+                    continue
             self.free_queue[sid] = None
+        for sid in reversed(to_head):
+            self.free_queue[sid] = None
+            self.free_queue.move_to_end(sid, last=False)
         request.objects = []
 
     def _block_release(self, op: Op) -> Outcome:
@@ -305,7 +349,8 @@ class LedgerModel:
         for sid, slot in enumerate(self.slots):
             if slot.key is not None and not slot.ref_count:
                 self._reclaimed.append(slot.key)
-                del self.index[slot.key]
+                self._reclaimed_slots.append(sid)
+                self._unindex(slot.key, sid)
                 self.slots[sid] = _Object()
         return Outcome.ok()
 

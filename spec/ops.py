@@ -14,6 +14,8 @@ Granularity = Literal["block", "record", "entry"]
 OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
 Status = Literal["ok", "refused", "invalid"]
 EvictionOrder = Literal["lru", "lifecycle", "score"]
+DuplicateKeys = Literal["unkeyed", "indexed"]
+FreeUncached = Literal["tail", "head"]
 
 OP_KINDS: tuple[OpKind, ...] = ("admit", "append", "release", "preempt", "resume", "reset_cache")
 
@@ -61,6 +63,14 @@ class Semantics:
       -size) first; ``score`` is lowest retention score, then oldest, first.
     hit_cap: a prefix hit leaves at least one prompt token to compute (vLLM).
     reset_requires_idle: reset_cache is refused while any object is referenced.
+    duplicate_keys: a block that becomes full while its key is already cached by
+      another block: ``unkeyed`` stays uncached (one block per key); ``indexed`` is
+      cached too, and the index lists every block under that key in insertion
+      order, hits taking the first (vLLM: no de-duplication, block tables are
+      append-only).
+    free_uncached: where a released block that holds no cached key joins the free
+      queue: ``tail`` like every other block, or ``head``, so that it is reused
+      before any cached block is evicted (vLLM >= 0.24). Block granularity only.
     exact: the implementation claims these semantics exactly, so the spec's
       predictions (free capacity, hits, admission, evicted object) must match.
     """
@@ -70,6 +80,8 @@ class Semantics:
     hit_cap: bool = True
     reset_requires_idle: bool = True
     exact: bool = True
+    duplicate_keys: DuplicateKeys = "unkeyed"
+    free_uncached: FreeUncached = "tail"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +90,8 @@ class Semantics:
             "hit_cap": self.hit_cap,
             "reset_requires_idle": self.reset_requires_idle,
             "exact": self.exact,
+            "duplicate_keys": self.duplicate_keys,
+            "free_uncached": self.free_uncached,
         }
 
 

@@ -47,8 +47,10 @@ class SpecAdapter:
         before = self.model.observe()
         step = self.model.step(op)
         index = before.index or {}
-        self._events = [Event("evict", index[k][0], k) for k in step.evicted]
-        self._events += [Event("reclaim", index[k][0], k) for k in step.reclaimed]
+        evicted = step.evicted_slots or tuple(index[k][0] for k in step.evicted)
+        reclaimed = step.reclaimed_slots or tuple(index[k][0] for k in step.reclaimed)
+        self._events = [Event("evict", oid, k) for k, oid in zip(step.evicted, evicted, strict=True)]
+        self._events += [Event("reclaim", oid, k) for k, oid in zip(step.reclaimed, reclaimed, strict=True)]
         return step.outcome
 
     def observe(self) -> Observation:
@@ -62,7 +64,10 @@ class SpecAdapter:
         pass
 
 
-@pytest.mark.parametrize("semantics", [BLOCK, RECORD, ENTRY], ids=lambda s: s.granularity)
+VLLM_LIKE = Semantics(duplicate_keys="indexed", free_uncached="head")
+
+
+@pytest.mark.parametrize("semantics", [BLOCK, VLLM_LIKE, RECORD, ENTRY], ids=["block", "block-vllm", "record", "entry"])
 def test_the_spec_satisfies_its_own_invariants(semantics: Semantics, tmp_path: object) -> None:
     """The model, checked by the suite as if it were an implementation, holds every invariant."""
     result = run_check(
@@ -212,3 +217,30 @@ def test_an_invariant_reports_a_doctored_observation() -> None:
     results = check_transition(t)
     assert results["capacity_conservation"]
     assert not results["ref_count_matches_references"]
+
+
+@pytest.mark.parametrize(("mode", "free_after"), [("unkeyed", 3), ("indexed", 2)])
+def test_duplicate_keys(mode: str, free_after: int) -> None:
+    """A block filled with a prefix another block already caches stays uncached, or is cached too (vLLM)."""
+    model = LedgerModel(Config(capacity=4, block_size=2), Semantics(duplicate_keys=mode))  # type: ignore[arg-type]
+    model.step(Op("admit", "a", (1, 2)))
+    model.step(Op("admit", "b", (1, 2)))  # the hit cap: b computes its one block itself
+    model.step(Op("release", "b"))
+    obs = model.observe()
+    assert obs.free == free_after
+    assert obs.index is not None and len(obs.index[(1, 2)]) == (2 if mode == "indexed" else 1)
+
+
+@pytest.mark.parametrize(("mode", "evicted"), [("tail", ((1000, 1001),)), ("head", ())])
+def test_free_uncached(mode: str, evicted: tuple[tuple[int, ...], ...]) -> None:
+    """A released uncached block joins the free queue's tail, or its head, to be reused before any eviction."""
+    model = LedgerModel(Config(capacity=3, block_size=2), Semantics(free_uncached=mode))  # type: ignore[arg-type]
+    for op in (
+        Op("admit", "r0", (1000, 1001)),
+        Op("preempt", "r0"),
+        Op("admit", "r1", (1000,)),
+        Op("admit", "r2", (1000,)),
+        Op("preempt", "r1"),
+    ):
+        model.step(op)
+    assert model.step(Op("admit", "r3", (1192,))).evicted == evicted
