@@ -79,15 +79,6 @@ class VllmBlockPoolAdapter(VllmProjection):
         self.block_tables[request.request_id] = table
         return Outcome.ok(len(hits) * bs)
 
-    def _admit(self, req: str, op: Op) -> Outcome:
-        return self._schedule(self.vllm.request(req, op.tokens, self.hasher))
-
-    def _resume(self, req: str, op: Op) -> Outcome:
-        outcome = self._schedule(self.waiting[req])
-        if outcome.status == "ok":
-            del self.waiting[req]
-        return outcome
-
     def _append(self, req: str, op: Op) -> Outcome:
         pool, bs = self.pool, self.block_size
         request, table = self.running[req], self.block_tables[req]

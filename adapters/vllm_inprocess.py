@@ -140,6 +140,19 @@ class VllmProjection:
 
         pool._maybe_evict_cached_block = tapped
 
+    def _schedule(self, request: Any) -> Outcome:
+        """Admit one Request; each adapter does it the way its layer of vLLM does."""
+        raise NotImplementedError
+
+    def _admit(self, req: str, op: Op) -> Outcome:
+        return self._schedule(self.vllm.request(req, op.tokens, self.hasher))
+
+    def _resume(self, req: str, op: Op) -> Outcome:
+        outcome = self._schedule(self.waiting[req])
+        if outcome.status == "ok":
+            del self.waiting[req]
+        return outcome
+
     def events(self) -> list[Event]:
         out, self._events = self._events, []
         return out
@@ -261,15 +274,6 @@ class VllmAdapter(VllmProjection):
         request.status = self.vllm.RequestStatus.RUNNING
         self.running[request.request_id] = request
         return Outcome.ok(hit)
-
-    def _admit(self, req: str, op: Op) -> Outcome:
-        return self._schedule(self.vllm.request(req, op.tokens, self.hasher))
-
-    def _resume(self, req: str, op: Op) -> Outcome:
-        outcome = self._schedule(self.waiting[req])
-        if outcome.status == "ok":
-            del self.waiting[req]
-        return outcome
 
     def _append(self, req: str, op: Op) -> Outcome:
         request = self.running[req]
