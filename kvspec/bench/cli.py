@@ -1,0 +1,183 @@
+"""``kvspec bench``: workload files and the eviction-policy A/B.
+
+``register(subparsers)`` adds ``bench`` with one sub-subcommand per function in
+``SUBCOMMANDS``; each function takes the ``bench`` group's subparsers and sets
+``handler`` (parsed args -> exit code). A new sub-subcommand (``bench live``) is
+one more function appended to ``SUBCOMMANDS`` before ``register`` runs.
+
+Exit codes: 0 done; 2 could not run (bad usage, an adapter that does not load,
+vLLM asked for with ``--vllm on`` but not installed). The A/B is a measurement,
+not a check: a policy that hits less, or a vLLM divergence, is a result, not a failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kvspec.spec import SpecError
+
+from .policy_ab import DEFAULT_FRACTIONS, BenchError, default_policies, plot, run_ab, table, vllm_importable
+from .workloads import GENERATORS, Workload, generate
+
+EXIT_DONE, EXIT_COULD_NOT_RUN = 0, 2
+DEFAULT_SEED = 0
+DEFAULT_BLOCK_SIZE = 16
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        return [kind(part) for part in text.split(",") if part.strip()]
+
+    return parse
+
+
+def _workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"generator seed (default {DEFAULT_SEED})")
+    parser.add_argument(
+        "--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help=f"tokens per block (default {DEFAULT_BLOCK_SIZE})"
+    )
+    parser.add_argument(
+        "--only", action="append", default=None, choices=sorted(GENERATORS), help="just this workload (repeatable)"
+    )
+
+
+def register_workloads(bench_sub: Any) -> None:
+    """``bench workloads --out DIR``: write every generated workload as DIR/<name>.json."""
+    p = bench_sub.add_parser("workloads", help="generate the A/B workloads and save them as JSON")
+    _workload_args(p)
+    p.add_argument("--out", type=Path, required=True, help="folder for the workload files")
+    p.set_defaults(handler=cmd_workloads)
+
+
+def register_policies(bench_sub: Any) -> None:
+    """``bench policies``: replay each workload through each policy at several pool sizes."""
+    p = bench_sub.add_parser("policies", help="A/B of eviction policies (and vLLM) on the workloads")
+    _workload_args(p)
+    p.add_argument("--workloads", type=Path, default=None, help="replay the saved workloads in this folder instead")
+    p.add_argument(
+        "--policies",
+        type=_csv(str),
+        default=None,
+        help="comma-separated adapter names (default: every built-in adapter named reference*)",
+    )
+    p.add_argument(
+        "--pool-fractions",
+        type=_csv(float),
+        default=list(DEFAULT_FRACTIONS),
+        help="pool sizes as fractions of each workload's footprint, floored at its live peak "
+        f"(default {','.join(map(str, DEFAULT_FRACTIONS))})",
+    )
+    p.add_argument(
+        "--vllm",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="also replay on vLLM's KVCacheManager and compare hits with the lru reference (auto: if importable)",
+    )
+    p.add_argument("--json", type=Path, default=None, help="write the full results here")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG of hit rate per pool size (needs matplotlib)")
+    p.add_argument("--markdown", action="store_true", help="print the tables as markdown")
+    p.set_defaults(handler=cmd_policies)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [register_workloads, register_policies]
+"""Each adds one ``bench`` sub-subcommand; append to add another (e.g. ``bench live``)."""
+
+
+def register(subparsers: Any) -> None:
+    """Add ``bench`` and its sub-subcommands to the ``kvspec`` subcommands."""
+    bench = subparsers.add_parser("bench", help="benchmarks: workloads, eviction-policy A/B")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    for add in SUBCOMMANDS:
+        add(bench_sub)
+
+
+def _fail(message: str) -> int:
+    print(f"kvspec: {message}", file=sys.stderr)
+    return EXIT_COULD_NOT_RUN
+
+
+def _generated(args: argparse.Namespace) -> list[Workload]:
+    return [generate(name, args.seed, block_size=args.block_size) for name in (args.only or GENERATORS)]
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    try:
+        workloads = _generated(args)
+    except (SpecError, TypeError) as exc:
+        return _fail(f"cannot generate workloads: {exc}")
+    for workload in workloads:
+        path = args.out / f"{workload.name}.json"
+        workload.save(path)
+        print(f"{path}: {len(workload.ops)} ops, footprint {workload.footprint()} blocks")
+    return EXIT_DONE
+
+
+def _loaded(folder: Path, only: list[str] | None) -> list[Workload]:
+    workloads = [Workload.load(path) for path in sorted(folder.glob("*.json"))]
+    if only:
+        workloads = [w for w in workloads if w.name in only]
+    if not workloads:
+        raise SpecError(f"no workload files in {folder}")
+    return workloads
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    try:
+        workloads = _loaded(args.workloads, args.only) if args.workloads else _generated(args)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return _fail(f"cannot load workloads: {exc}")
+    policies = args.policies or default_policies()
+    use_vllm = args.vllm == "on" or (args.vllm == "auto" and vllm_importable())
+    if args.vllm == "on" and not vllm_importable():
+        return _fail("--vllm on, but vLLM is not importable here (pip install kvspec[vllm])")
+    if not use_vllm:
+        print(f"vLLM comparison skipped: {'--vllm off' if args.vllm == 'off' else 'vLLM is not importable here'}")
+    try:
+        result = run_ab(
+            workloads,
+            policies,
+            args.pool_fractions,
+            vllm=use_vllm,
+            progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
+        )
+    except BenchError as exc:
+        return _fail(str(exc))
+    result["command"] = " ".join(["kvspec", "bench", "policies", *_argv_tail(args)])
+    result["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    print(table(result, markdown=args.markdown))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"results: {args.json}")
+    if args.plot:
+        why_not = plot(result, str(args.plot))
+        print(why_not or f"plot: {args.plot}")
+    return EXIT_DONE
+
+
+def _argv_tail(args: argparse.Namespace) -> list[str]:
+    """The arguments after ``policies`` as typed, for the record in the JSON."""
+    argv: list[str] = getattr(args, "argv", None) or sys.argv[1:]
+    return argv[argv.index("policies") + 1 :] if "policies" in argv else argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``bench`` on its own (``python -m kvspec.bench.cli policies ...``), as ``kvspec bench`` does."""
+    parser = argparse.ArgumentParser(prog="kvspec bench")
+    sub = parser.add_subparsers(dest="bench_command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
