@@ -222,14 +222,25 @@ class Run:
         }
 
 
-def replay(workload: Workload, adapter: Adapter, capacity: int, *, fraction: float = 0.0, policy: str = "") -> Run:
+TrackerFactory = Callable[[int, PrefixIds, FutureDemand], Tracker]
+
+
+def replay(
+    workload: Workload,
+    adapter: Adapter,
+    capacity: int,
+    *,
+    fraction: float = 0.0,
+    policy: str = "",
+    tracker: TrackerFactory = Tracker,
+) -> Run:
     """Replay ``workload`` on ``adapter`` with a fresh pool of ``capacity`` blocks, measuring as it goes."""
     bs = workload.block_size
     adapter.reset(Config(capacity=capacity, block_size=bs))
     adapter.events()
     ids = PrefixIds(bs)
-    tracker = Tracker(bs, ids, FutureDemand(workload, ids))
-    m = tracker.metrics
+    track = tracker(bs, ids, FutureDemand(workload, ids))
+    m = track.metrics
     live: list[str] = []
     hits: list[int | None] = []
     started = time.perf_counter()
@@ -238,13 +249,13 @@ def replay(workload: Workload, adapter: Adapter, capacity: int, *, fraction: flo
         outcome = adapter.apply(op)
         if outcome.status == "invalid":
             raise BenchError(f"{policy or adapter.name} rejected {op} of {workload.name} as invalid: {outcome.message}")
-        tracker.step(pos, op, outcome, adapter.events(), adapter.observe())
+        track.step(pos, op, outcome, adapter.events(), adapter.observe())
         return outcome
 
     for pos, op in enumerate(workload.ops):
         req = op.req or ""
         if op.op != "admit" and req not in live:
-            m.skipped_ops += op.op != "release"
+            m.skipped_ops += int(op.op != "release")
             continue
         outcome = apply(pos, op)
         while outcome.status == "refused" and any(r != req for r in live):

@@ -290,13 +290,13 @@ def long_conversation(
     *,
     mode: str = "continuous",
     block_size: int = 16,
-    sessions: int = 4,
-    turns: int = 12,
+    sessions: int = 8,
+    turns: int = 8,
     personas: int = 3,
     persona_blocks: int = 4,
     message_tokens: tuple[int, int] = (8, 40),
     answer_tokens: tuple[int, int] = (8, 48),
-    max_context_tokens: int = 400,
+    max_context_tokens: int = 384,
     topic_switch: float = 0.25,
     rotate_every: int = 4,
     forks: int = 3,
@@ -314,15 +314,15 @@ def long_conversation(
       (history back to the persona prompt).
     - ``persona_rotation``: every ``rotate_every`` turns a session moves to the next
       persona and starts over under it.
-    - ``pressure``: twice the sessions and concurrency, turns drawn at random, so
-      long private histories compete with the shared persona prompts.
+    - ``pressure``: three times the sessions at the same concurrency, turns drawn at
+      random, so many long private histories compete for the pool.
     - ``multi_turn_fork``: each session runs ``turns // 2`` trunk turns, then ``forks``
       branches (regenerated answers) continue ``fork_turns`` turns each from the trunk.
     """
     if mode not in CONVERSATION_MODES:
         raise SpecError(f"unknown conversation mode {mode!r}; known: {', '.join(CONVERSATION_MODES)}")
     if mode == "pressure":
-        sessions, concurrency = 2 * sessions, 2 * concurrency
+        sessions = 3 * sessions
     toks, sched = Tokens(rng, block_size), Schedule(concurrency)
     persona_prompts = [toks.fresh_blocks(persona_blocks) for _ in range(personas)]
     persona = [s % personas for s in range(sessions)]
