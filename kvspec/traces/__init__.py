@@ -1,0 +1,59 @@
+"""Lifecycle trace checking: replay a recorded event log through the spec.
+
+``check_trace(path, fmt)`` reads a JSONL log in one of three formats (kvspec's
+own trace, vLLM's KV cache events, a KV block side table), replays it, and
+returns a TraceResult: per invariant held, violated or unknown with the lines
+it was checked on, and the first violation with its line and the lines before
+it. A log that cannot be read is an error with its line number, never a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+from . import kvspec_format, side_table, vllm_events
+from .lines import Line, TraceFormatError, read_lines
+from .result import EXIT_COULD_NOT_RUN, EXIT_HELD, EXIT_VIOLATED, Judge, TraceInvariant, TraceResult, TraceViolation
+
+FORMATS: dict[str, ModuleType] = {
+    "kvspec": kvspec_format,
+    "side-table": side_table,
+    "vllm-events": vllm_events,
+}
+
+
+def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
+    """Check the trace at ``path`` in format ``fmt``; the result's exit_code is 0, 1 or 2.
+
+    ``context``: how many lines before the first violation the result keeps.
+    """
+    module = FORMATS.get(fmt)
+    if module is None:
+        raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+    result = TraceResult(str(path), fmt, module.INVARIANTS)
+    t0 = time.perf_counter()
+    try:
+        lines = read_lines(Path(path))
+        checker: Callable[[list[Line], Judge], None] = module.check
+        checker(lines, Judge(result, lines, context))
+    except TraceFormatError as exc:
+        result.error, result.error_line = exc.message, exc.line
+    finally:
+        result.duration_s = time.perf_counter() - t0
+    return result
+
+
+__all__ = [
+    "EXIT_COULD_NOT_RUN",
+    "EXIT_HELD",
+    "EXIT_VIOLATED",
+    "FORMATS",
+    "TraceFormatError",
+    "TraceInvariant",
+    "TraceResult",
+    "TraceViolation",
+    "check_trace",
+]

@@ -1,0 +1,173 @@
+"""kvspec's own trace: the ops an adapter was driven with, what it answered, and what it showed.
+
+Line 1 is the header ``{"kvspec_trace": 1, "adapter", "config", "semantics",
+"observation"?}``; then one line per step ``{"step", "op", "outcome", "events",
+"observation"?}`` (docs/traces.md). Checking replays the ops through the spec's
+LedgerModel and judges each step with the spec's own invariants: the refinement
+checks compare the recorded outcome, hits, free capacity and evictions with the
+spec's prediction, and where two consecutive observations are recorded the
+safety invariants run on the transition between them, exactly as the stateful
+suite runs them on a live adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
+from kvspec.spec import (
+    Config,
+    Event,
+    KeyMemory,
+    LedgerModel,
+    Observation,
+    Op,
+    Outcome,
+    Semantics,
+    SpecError,
+    Transition,
+    check_transition,
+)
+
+from .codec import event_from_json, event_to_json, observation_from_json, observation_to_json
+from .lines import Line, TraceFormatError
+from .result import Judge, TraceInvariant
+
+TRACE_SCHEMA = 1
+TRACE_ORDER = "trace_order"
+
+INVARIANTS: tuple[TraceInvariant, ...] = (
+    TraceInvariant(TRACE_ORDER, "trace", "Steps are numbered 0, 1, 2, ...: none missing, repeated or out of order."),
+    *(TraceInvariant(inv.name, inv.kind, inv.doc) for inv in SPEC_INVARIANTS),
+)
+
+# Refinement checks that read only the op, the outcome and the spec's prediction: they run without observations.
+OBSERVATION_FREE = frozenset({"predicted_admission", "predicted_prefix_hits"})
+
+
+def header_json(
+    adapter: str, version: str, config: Config, semantics: Semantics, observation: Observation | None
+) -> dict[str, Any]:
+    """The first line of a trace: who was driven, on what pool, under which declared semantics."""
+    header: dict[str, Any] = {
+        "kvspec_trace": TRACE_SCHEMA,
+        "adapter": adapter,
+        "adapter_version": version,
+        "config": config.to_json(),
+        "semantics": semantics.to_json(),
+    }
+    if observation is not None:
+        header["observation"] = observation_to_json(observation)
+    return header
+
+
+def step_json(
+    step: int, op: Op, outcome: Outcome, events: list[Event], observation: Observation | None
+) -> dict[str, Any]:
+    """One step: the op, the adapter's outcome, what left the cache, and (optionally) the ledger after it."""
+    line: dict[str, Any] = {
+        "step": step,
+        "op": op.to_json(),
+        "outcome": {"status": outcome.status, "hit_tokens": outcome.hit_tokens, "message": outcome.message},
+        "events": [event_to_json(e) for e in events],
+    }
+    if observation is not None:
+        line["observation"] = observation_to_json(observation)
+    return line
+
+
+def semantics_from_json(data: Any, line: int) -> Semantics:
+    """Semantics from a header; unknown fields are ignored, a value of the wrong type is a format error."""
+    if not isinstance(data, dict):
+        raise TraceFormatError(line, "semantics must be an object")
+    fields = {k: v for k, v in data.items() if k in Semantics.__dataclass_fields__}
+    sem = Semantics(**fields)
+    allowed = {
+        "granularity": ("block", "record", "entry"),
+        "eviction": ("lru", "lifecycle", "score"),
+        "duplicate_keys": ("unkeyed", "indexed"),
+        "free_uncached": ("tail", "head"),
+    }
+    for name, values in allowed.items():
+        if getattr(sem, name) not in values:
+            raise TraceFormatError(line, f"semantics {name} must be one of {values}, not {getattr(sem, name)!r}")
+    for name in ("hit_cap", "reset_requires_idle", "exact"):
+        if not isinstance(getattr(sem, name), bool):
+            raise TraceFormatError(line, f"semantics {name} must be true or false")
+    return sem
+
+
+def _outcome(line: Line) -> Outcome:
+    data = line.need("outcome")
+    if not isinstance(data, dict) or data.get("status") not in ("ok", "refused", "invalid"):
+        raise TraceFormatError(line.number, f"outcome must be an object with status ok|refused|invalid, not {data!r}")
+    hit = data.get("hit_tokens")
+    if hit is not None:
+        hit = line.as_int("outcome.hit_tokens", hit)
+    return Outcome(data["status"], hit, str(data.get("message", "")))
+
+
+def _op(line: Line) -> Op:
+    data = line.need("op")
+    if not isinstance(data, dict):
+        raise TraceFormatError(line.number, "op must be an object")
+    try:
+        return Op.from_json(data)
+    except (SpecError, TypeError, ValueError) as exc:
+        raise TraceFormatError(line.number, f"malformed op: {exc}") from exc
+
+
+def check(lines: list[Line], judge: Judge) -> None:
+    """Replay a kvspec trace through the spec; stop at the first violated invariant."""
+    head = lines[0]
+    if head.data.get("kvspec_trace") != TRACE_SCHEMA:
+        raise TraceFormatError(
+            head.number, f"not a kvspec trace header (kvspec_trace={head.data.get('kvspec_trace')!r})"
+        )
+    try:
+        config = Config.from_json(head.need("config"))
+    except (SpecError, TypeError, ValueError, AttributeError) as exc:
+        raise TraceFormatError(head.number, f"malformed config: {exc}") from exc
+    semantics = semantics_from_json(head.need("semantics"), head.number)
+    result = judge.result
+    result.adapter = str(head.data.get("adapter", ""))
+    result.adapter_version = str(head.data.get("adapter_version", ""))
+    model = LedgerModel(config, semantics) if semantics.exact else None
+    if model is None:
+        for inv in SPEC_INVARIANTS:
+            if inv.kind == "refinement":
+                judge.unknown(inv.name, "the trace's semantics are not declared exact")
+    memory = KeyMemory()
+    placeholder = Observation(config.capacity, config.capacity, {}, {})
+    before = observation_from_json(head.data["observation"], head.number) if "observation" in head.data else None
+    for step, line in enumerate(lines[1:]):
+        number = line.need_int("step")
+        order = [] if number == step else [_order_problem(step, number)]
+        if judge.judge(line, step, {TRACE_ORDER: order}):
+            return
+        op, outcome = _op(line), _outcome(line)
+        events = tuple(event_from_json(e, line.number) for e in line.need_list("events"))
+        after = observation_from_json(line.data["observation"], line.number) if "observation" in line.data else None
+        predicted = model.step(op) if model is not None else None
+        result.steps += 1
+        result.coverage[f"{op.op}:{outcome.status}"] += 1
+        for event in events:
+            result.coverage[event.kind] += 1
+        if before is not None and after is not None:
+            transition = Transition(before, op, outcome, events, after, config, semantics, memory, predicted)
+            results = check_transition(transition)
+        else:
+            transition = Transition(placeholder, op, outcome, events, placeholder, config, semantics, memory, predicted)
+            results = {inv.name: inv.check(transition) for inv in SPEC_INVARIANTS if inv.name in OBSERVATION_FREE}
+            for inv in SPEC_INVARIANTS:
+                if inv.name not in OBSERVATION_FREE:
+                    judge.unknown(inv.name, "the trace records no observation before and after a step")
+        if judge.judge(line, step, results):
+            return
+        before = after
+
+
+def _order_problem(expected: int, got: int) -> str:
+    if got > expected:
+        return f"step {got} where step {expected} was due: {got - expected} step(s) missing"
+    return f"step {got} where step {expected} was due: a step repeated or out of order"

@@ -1,0 +1,403 @@
+"""A per-block lifecycle side table: the JSONL events an engine writes about each KV block.
+
+The log (docs/traces.md) has an optional header ``{"kvspec_side_table": 1,
+"num_blocks", "block_size", "policy", "hit_cap", "duplicate_hashes"}`` and one
+event a line, each named by ``event``: prefix_lookup, block_allocated,
+block_sealed, block_touched, ref_count_changed, cache_admission_limited,
+eviction_candidates_ranked, block_evicted. Checking replays the events into a
+block ledger (state, ref_count, block_hash, hit_count per block, and the hash
+index) and judges every event with the spec's invariant names where the meaning
+is the same. A block's lifecycle is a state machine:
+
+    free/evicted --block_allocated--> allocated --block_sealed--> sealed
+    sealed --ref_count_changed to 0--> cached --block_touched--> sealed
+    allocated --ref_count_changed to 0--> free
+    cached --block_evicted--> evicted
+
+Every recorded ref_count, hit_count, block_hash and state must agree with the
+ledger after the event. Header fields are optional: a check that needs one is
+``unknown`` without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .lines import Line, TraceFormatError
+from .result import Judge, TraceInvariant
+
+SIDE_TABLE_SCHEMA = 1
+
+EVENTS = (
+    "prefix_lookup",
+    "block_allocated",
+    "block_sealed",
+    "block_touched",
+    "ref_count_changed",
+    "cache_admission_limited",
+    "eviction_candidates_ranked",
+    "block_evicted",
+)
+STATES = ("free", "allocated", "sealed", "cached", "evicted")
+# Policies whose choice a ranking determines: "order" keeps the ranked order (a free queue), "score" evicts the
+# lowest retain_score first; family_protect keeps the order but passes over protected candidates while it can.
+POLICIES = {"lru": "order", "shared_aware": "score", "family_protect": "protect"}
+
+# Events that leave the latest eviction_candidates_ranked in force: an engine evicts and reuses in one run.
+RANKING_KEEPS = frozenset({"eviction_candidates_ranked", "block_evicted", "block_allocated"})
+
+Problems = list[str] | None
+
+INVARIANTS: tuple[TraceInvariant, ...] = (
+    TraceInvariant("trace_order", "trace", "seq numbers run 1 by 1 and ts never goes back: no line lost or moved."),
+    TraceInvariant("lifecycle_transitions", "safety", "Each event is a legal move of the block's state machine."),
+    TraceInvariant("no_active_eviction", "safety", "Only unreferenced blocks are evicted."),
+    TraceInvariant("non_negative_ref_counts", "safety", "Ref counts never go below 0 and agree with the replay."),
+    TraceInvariant("share_without_duplication", "safety", "A block hash is cached on at most one block."),
+    TraceInvariant("capacity_conservation", "safety", "A block is never allocated twice; ids fit the pool."),
+    TraceInvariant("cache_index_consistency", "safety", "Hits and recorded hashes match the blocks cached."),
+    TraceInvariant("predicted_prefix_hits", "refinement", "A lookup hits the longest cached chain of its hashes."),
+    TraceInvariant("hit_count_consistency", "refinement", "A block's hit_count counts its touches since cached."),
+    TraceInvariant("policy_conformance", "policy", "The evicted block is the policy's pick among the candidates."),
+)
+
+
+@dataclass
+class _Block:
+    state: str = "free"
+    ref_count: int = 0
+    block_hash: Hashable | None = None
+    hit_count: int = 0
+
+
+@dataclass
+class Header:
+    """What the log says about the pool; None where it does not say."""
+
+    num_blocks: int | None = None
+    block_size: int | None = None
+    policy: str | None = None
+    hit_cap: bool = False
+    duplicate_hashes: bool = False
+
+    @classmethod
+    def from_line(cls, line: Line) -> Header:
+        policy = line.data.get("policy")
+        if policy is not None and not isinstance(policy, str):
+            raise TraceFormatError(line.number, f"policy must be a string, not {policy!r}")
+        flags = {}
+        for name in ("hit_cap", "duplicate_hashes"):
+            value = line.data.get(name, False)
+            if not isinstance(value, bool):
+                raise TraceFormatError(line.number, f"{name} must be true or false, not {value!r}")
+            flags[name] = value
+        return cls(
+            line.opt_int("num_blocks", minimum=1),
+            line.opt_int("block_size", minimum=1),
+            policy,
+            flags["hit_cap"],
+            flags["duplicate_hashes"],
+        )
+
+
+def _hash(line: Line, name: str, value: Any) -> Hashable:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TraceFormatError(line.number, f"{name} must be a string or an integer, not {value!r}")
+    return value
+
+
+@dataclass
+class SideTableLedger:
+    """The blocks as the events so far leave them, and the hash index (hash -> blocks, in sealing order)."""
+
+    header: Header
+    blocks: dict[int, _Block] = field(default_factory=dict)
+    index: dict[Hashable, list[int]] = field(default_factory=dict)
+    ranking: list[dict[str, Any]] | None = None
+
+    def block(self, block_id: int) -> _Block:
+        return self.blocks.setdefault(block_id, _Block())
+
+    # -- the events ----------------------------------------------------------------------
+    def apply(self, line: Line) -> dict[str, Problems]:
+        """Judge one event against the ledger, then apply it. Returns invariant -> problems (None: n/a)."""
+        name = line.need("event")
+        handler: Callable[[Line], dict[str, Problems]] | None = getattr(self, f"_on_{name}", None)
+        if name not in EVENTS or handler is None:
+            raise TraceFormatError(line.number, f"unknown event {name!r}; known: {', '.join(EVENTS)}")
+        if name not in RANKING_KEEPS:
+            self.ranking = None  # a ranking speaks for the run of evictions (and allocations) right after it
+        return handler(line)
+
+    def _block_event(self, line: Line) -> tuple[int, _Block, dict[str, Problems]]:
+        block_id = line.need_int("block_id", minimum=0)
+        results: dict[str, Problems] = {}
+        n = self.header.num_blocks
+        if n is not None:
+            results["capacity_conservation"] = [] if block_id < n else [f"block {block_id} is outside a pool of {n}"]
+        return block_id, self.block(block_id), results
+
+    def _recorded(
+        self, line: Line, block_id: int, block: _Block, results: dict[str, Problems], skip: tuple[str, ...] = ()
+    ) -> None:
+        """Compare what the event says about the block (all but ``skip``) with the ledger's own view."""
+        ref = None if "ref_count" in skip else line.opt_int("ref_count")
+        if ref is not None:
+            neg = [f"block {block_id} has ref_count {ref}"] if ref < 0 else []
+            off = (
+                []
+                if ref == block.ref_count or ref < 0
+                else [f"block {block_id}: recorded ref_count {ref}, the replay gives {block.ref_count}"]
+            )
+            results["non_negative_ref_counts"] = (results.get("non_negative_ref_counts") or []) + neg + off
+        hits = None if "hit_count" in skip else line.opt_int("hit_count")
+        if hits is not None:
+            results["hit_count_consistency"] = (
+                []
+                if hits == block.hit_count
+                else [f"block {block_id}: recorded hit_count {hits}, {block.hit_count} touches since it was cached"]
+            )
+        if "block_hash" in line.data and "block_hash" not in skip:
+            raw = line.data["block_hash"]
+            recorded = None if raw is None else _hash(line, "block_hash", raw)
+            problems = results.setdefault("cache_index_consistency", []) or []
+            if recorded != block.block_hash:
+                problems.append(f"block {block_id}: recorded hash {recorded!r}, cached as {block.block_hash!r}")
+            results["cache_index_consistency"] = problems
+        state = None if "state" in skip else line.data.get("state")
+        if state is not None:
+            if state not in STATES:
+                raise TraceFormatError(line.number, f"state {state!r} is not one of {', '.join(STATES)}")
+            problems = results.get("lifecycle_transitions") or []
+            if state != block.state:
+                problems.append(f"block {block_id}: recorded state {state!r}, the replay gives {block.state!r}")
+            results["lifecycle_transitions"] = problems
+
+    def _move(self, block_id: int, block: _Block, event: str, allowed: tuple[str, ...]) -> list[str]:
+        if block.state in allowed:
+            return []
+        return [f"{event} of block {block_id} in state {block.state!r} (allowed from {', '.join(allowed)})"]
+
+    def _on_block_allocated(self, line: Line) -> dict[str, Problems]:
+        block_id, block, results = self._block_event(line)
+        if block.ref_count > 0:
+            results["capacity_conservation"] = [
+                *(results.get("capacity_conservation") or []),
+                f"block {block_id} allocated again while it holds {block.ref_count} reference(s)",
+            ]
+            results["lifecycle_transitions"] = []
+        else:
+            results["lifecycle_transitions"] = self._move(block_id, block, "block_allocated", ("free", "evicted"))
+        n = self.header.num_blocks
+        live = sum(1 for b in self.blocks.values() if b.state in ("allocated", "sealed", "cached"))
+        if n is not None and block.state in ("free", "evicted") and live + 1 > n:
+            results["capacity_conservation"] = [
+                *(results.get("capacity_conservation") or []),
+                f"{live + 1} blocks live or cached in a pool of {n}",
+            ]
+        if block.block_hash is not None:
+            self._unindex(block_id, block.block_hash)
+        self.blocks[block_id] = block = _Block("allocated", 1)
+        self._recorded(line, block_id, block, results)
+        return results
+
+    def _on_block_sealed(self, line: Line) -> dict[str, Problems]:
+        block_id, block, results = self._block_event(line)
+        block_hash = _hash(line, "block_hash", line.need("block_hash"))
+        results["lifecycle_transitions"] = self._move(block_id, block, "block_sealed", ("allocated",))
+        holders = [b for b in self.index.get(block_hash, []) if b != block_id]
+        if self.header.duplicate_hashes:
+            results["share_without_duplication"] = []
+        else:
+            results["share_without_duplication"] = (
+                [f"block {block_id} sealed with hash {block_hash!r}, already cached on block(s) {holders}"]
+                if holders
+                else []
+            )
+        if block.block_hash is not None:
+            self._unindex(block_id, block.block_hash)
+        block.state, block.block_hash, block.hit_count = "sealed", block_hash, 0
+        self.index.setdefault(block_hash, []).append(block_id)
+        self._recorded(line, block_id, block, results, skip=("block_hash",))
+        return results
+
+    def _on_block_touched(self, line: Line) -> dict[str, Problems]:
+        block_id, block, results = self._block_event(line)
+        results["lifecycle_transitions"] = self._move(block_id, block, "block_touched", ("sealed", "cached"))
+        block.ref_count += 1
+        block.hit_count += 1
+        if block.block_hash is not None:
+            block.state = "sealed"
+        self._recorded(line, block_id, block, results)
+        return results
+
+    def _on_ref_count_changed(self, line: Line) -> dict[str, Problems]:
+        block_id, block, results = self._block_event(line)
+        new = line.need_int("ref_count")
+        delta = line.opt_int("delta")
+        problems = [f"block {block_id} has ref_count {new}"] if new < 0 else []
+        if delta is not None and block.ref_count + delta != new:
+            problems.append(f"block {block_id}: ref_count {block.ref_count} {delta:+d} recorded as {new}")
+        results["non_negative_ref_counts"] = problems
+        if block.ref_count == 0 and new > 0:
+            results["lifecycle_transitions"] = [
+                f"block {block_id} in state {block.state!r} gained a reference without block_allocated or block_touched"
+            ]
+        else:
+            results["lifecycle_transitions"] = self._move(block_id, block, "ref_count_changed", ("allocated", "sealed"))
+        block.ref_count = max(new, 0)
+        if block.ref_count == 0 and block.state == "sealed":
+            block.state = "cached"
+        elif block.ref_count == 0 and block.state == "allocated":
+            block.state = "free"
+        self._recorded(line, block_id, block, results, skip=("ref_count",))
+        return results
+
+    def _on_block_evicted(self, line: Line) -> dict[str, Problems]:
+        block_id, block, results = self._block_event(line)
+        if block.ref_count > 0:
+            results["no_active_eviction"] = [f"block {block_id} evicted while it holds {block.ref_count} reference(s)"]
+            results["lifecycle_transitions"] = []
+        else:
+            results["no_active_eviction"] = []
+            results["lifecycle_transitions"] = self._move(block_id, block, "block_evicted", ("cached",))
+        reason = line.data.get("reason", "evict")
+        if reason == "evict":
+            results["policy_conformance"] = self._policy(block_id, line)
+        # ref_count, hit_count and block_hash describe the block as it goes; state is where it goes.
+        self._recorded(line, block_id, block, results, skip=("state",))
+        if block.block_hash is not None:
+            self._unindex(block_id, block.block_hash)
+        self.blocks[block_id] = block = _Block("evicted")
+        self._recorded(line, block_id, block, results, skip=("ref_count", "hit_count", "block_hash"))
+        return results
+
+    def _on_eviction_candidates_ranked(self, line: Line) -> dict[str, Problems]:
+        candidates = []
+        problems: list[str] = []
+        for c in line.need_list("candidates"):
+            if not isinstance(c, dict):
+                raise TraceFormatError(line.number, f"a candidate must be an object, not {c!r}")
+            block_id = line.as_int("candidates[].block_id", c.get("block_id"), minimum=0)
+            score = c.get("retain_score")
+            if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
+                raise TraceFormatError(line.number, f"retain_score must be a number, not {score!r}")
+            block = self.blocks.get(block_id, _Block())
+            if block.state != "cached":
+                problems.append(
+                    f"candidate block {block_id} is {block.state} (ref_count {block.ref_count}), not cached"
+                )
+            candidates.append(c)
+        self.ranking = candidates
+        return {"policy_conformance": problems}
+
+    def _policy(self, block_id: int, line: Line) -> Problems:
+        """The evicted block is the declared policy's pick among the current ranking's candidates still cached.
+
+        An eviction with no ranking in force (none given, or the ranking was ended
+        by another kind of event) is not judged.
+        """
+        kind = POLICIES.get(self.header.policy or "")
+        if kind is None or self.ranking is None:
+            return None
+        still = [c for c in self.ranking if self.blocks.get(int(c["block_id"]), _Block()).state == "cached"]
+        if not any(c["block_id"] == block_id for c in still):
+            return [f"evicted block {block_id} is not among the ranked candidates {[c['block_id'] for c in still]}"]
+        if kind == "score":
+            if any(c.get("retain_score") is None for c in still):
+                raise TraceFormatError(line.number, f"policy {self.header.policy} needs a retain_score per candidate")
+            pick = min(still, key=lambda c: float(c["retain_score"]))
+        elif kind == "protect":
+            pick = next((c for c in still if not c.get("protected")), still[0])
+        else:
+            pick = still[0]
+        if pick["block_id"] == block_id:
+            return []
+        chosen = next(c for c in still if c["block_id"] == block_id)
+        return [
+            f"evicted block {block_id} (retain_score {chosen.get('retain_score')}) but {self.header.policy} picks "
+            f"block {pick['block_id']} (retain_score {pick.get('retain_score')})"
+        ]
+
+    def _on_prefix_lookup(self, line: Line) -> dict[str, Problems]:
+        hashes = [_hash(line, "block_hashes[]", h) for h in line.need_list("block_hashes")]
+        hit_blocks = [line.as_int("hit_blocks[]", b, minimum=0) for b in line.need_list("hit_blocks")]
+        index_problems = []
+        if len(hit_blocks) > len(hashes):
+            index_problems.append(f"{len(hit_blocks)} hit blocks for {len(hashes)} block hashes")
+        for i, (block_id, block_hash) in enumerate(zip(hit_blocks, hashes, strict=False)):
+            if block_id not in self.index.get(block_hash, []):
+                index_problems.append(f"hit {i}: block {block_id} is not cached under {block_hash!r}")
+        chain = 0
+        while chain < len(hashes) and self.index.get(hashes[chain]):
+            chain += 1
+        results: dict[str, Problems] = {"cache_index_consistency": index_problems}
+        prompt, bs = line.opt_int("prompt_tokens", minimum=0), self.header.block_size
+        if self.header.hit_cap and (prompt is None or bs is None):
+            return results  # the cap depends on the prompt length and block size: not predictable here
+        if self.header.hit_cap and prompt is not None and bs is not None:
+            chain = min(chain, max(prompt - 1, 0) // bs)
+        hits: list[str] = []
+        if len(hit_blocks) != chain:
+            hits.append(f"lookup hit {len(hit_blocks)} block(s), {chain} of its leading hashes are cached")
+        tokens = line.opt_int("hit_tokens")
+        if tokens is not None and bs is not None and tokens != len(hit_blocks) * bs:
+            hits.append(f"hit_tokens {tokens} for {len(hit_blocks)} block(s) of {bs} tokens")
+        results["predicted_prefix_hits"] = hits
+        return results
+
+    def _on_cache_admission_limited(self, line: Line) -> dict[str, Problems]:
+        return {}
+
+    def _unindex(self, block_id: int, block_hash: Hashable) -> None:
+        holders = self.index.get(block_hash, [])
+        if block_id in holders:
+            holders.remove(block_id)
+        if not holders:
+            self.index.pop(block_hash, None)
+
+
+def check(lines: list[Line], judge: Judge) -> None:
+    """Replay a side-table log; stop at the first violated invariant."""
+    header = Header()
+    events = lines
+    if "kvspec_side_table" in lines[0].data:
+        if lines[0].data["kvspec_side_table"] != SIDE_TABLE_SCHEMA:
+            raise TraceFormatError(
+                lines[0].number, f"unsupported side table version {lines[0].data['kvspec_side_table']!r}"
+            )
+        header, events = Header.from_line(lines[0]), lines[1:]
+        judge.result.adapter = str(lines[0].data.get("source", ""))
+    if header.num_blocks is None:
+        judge.unknown("capacity_conservation", "the header gives no num_blocks")
+    if header.policy not in POLICIES:
+        judge.unknown("policy_conformance", f"no known policy in the header ({', '.join(POLICIES)})")
+    if header.hit_cap and header.block_size is None:
+        judge.unknown("predicted_prefix_hits", "hit_cap needs block_size in the header")
+    ledger = SideTableLedger(header)
+    last_seq: int | None = None
+    last_ts: float | None = None
+    result = judge.result
+    for step, line in enumerate(events):
+        seq, ts = line.opt_int("seq"), line.opt_float("ts")
+        order: list[str] = []
+        if seq is not None:
+            if last_seq is not None and seq != last_seq + 1:
+                gap = "line(s) missing" if seq > last_seq + 1 else "repeated or out of order"
+                order.append(f"seq {seq} follows seq {last_seq}: {gap}")
+            last_seq = seq
+        if ts is not None:
+            if last_ts is not None and ts < last_ts:
+                order.append(f"ts {ts} is before the previous event's ts {last_ts}")
+            last_ts = ts
+        if judge.judge(line, step, {"trace_order": order if seq is not None or ts is not None else None}):
+            return
+        results = ledger.apply(line)
+        result.steps += 1
+        result.coverage[str(line.data["event"])] += 1
+        if judge.judge(line, step, results):
+            return
+    if not result.checked.get("trace_order"):
+        judge.unknown("trace_order", "the events carry neither seq nor ts")
