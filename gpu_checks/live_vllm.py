@@ -15,93 +15,18 @@ server did not come up). The server is always stopped before the process exits.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from kvspec.adapters.vllm_live.server import ServerConfig, ServerStartError, TinyServer
 from kvspec.gpu_checks.footprint import KVBlockShape
 from kvspec.gpu_checks.vllm_agreement import check_live_server, shape_from_hf_config, vllm_missing, vllm_version
 
 EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
-
-TINY_CONFIG: dict[str, Any] = {
-    "vocab_size": 1024,
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "max_position_embeddings": 512,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-
-
-def build_tiny_model(folder: Path) -> dict[str, Any]:
-    """Save a random bf16 Llama with a word-level tokenizer in ``folder``; return its config.json."""
-    import torch
-
-    # vLLM's own dependencies, not the kit's: imported by name, so type checking needs neither.
-    tk: Any = importlib.import_module("tokenizers")
-    tf: Any = importlib.import_module("transformers")
-
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(tf.LlamaConfig(**TINY_CONFIG)).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"t{i}": i for i in range(3, TINY_CONFIG["vocab_size"])}
-    core = tk.Tokenizer(tk.models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = tk.pre_tokenizers.Whitespace()
-    tokenizer = tf.PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(folder)
-    config: dict[str, Any] = json.loads((folder / "config.json").read_text())
-    return config
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float) -> str | None:
-    """None once GET /health answers 200; else why not (the server exited, or the time ran out)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            return f"the server exited with code {server.returncode} before it was healthy"
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return None
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    return f"the server was not healthy within {timeout:.0f} s"
-
-
-def stop(server: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the server's process group, then SIGKILL it if it lingers."""
-    if server.poll() is not None:
-        return
-    try:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=10)
 
 
 def run(budget: int, block_size: int, timeout: float, workdir: Path) -> tuple[int, dict[str, Any]]:
@@ -116,34 +41,29 @@ def run(budget: int, block_size: int, timeout: float, workdir: Path) -> tuple[in
         record["skipped"] = reason
         return EXIT_COULD_NOT_RUN, record
     record["vllm"] = vllm_version()
-    model_dir = workdir / "tiny-llama"
-    model_dir.mkdir(parents=True, exist_ok=True)
-    config = build_tiny_model(model_dir)
-    shape: KVBlockShape = shape_from_hf_config(config, block_size, "bfloat16")
-    record["shape"] = shape.to_json()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-        "--block-size", str(block_size), "--kv-cache-memory-bytes", str(budget),
-        "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager", "--dtype", "bfloat16",
-    ]  # fmt: skip
-    record["command"] = command
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    log_path = workdir / "server.log"
-    started = time.monotonic()
-    with log_path.open("wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            why = wait_healthy(url, server, timeout)
-            record["startup_s"] = round(time.monotonic() - started, 1)
-            if why is not None:
-                record["skipped"] = why
-                return EXIT_COULD_NOT_RUN, record
-            checks, info = check_live_server(url, shape, budget)
-        finally:
-            stop(server)
+    # No block-count override and no event stream: the pool is sized from the budget alone.
+    config = ServerConfig(
+        block_size=block_size,
+        num_gpu_blocks=None,
+        kv_cache_memory_bytes=budget,
+        kv_events=False,
+        dev_mode=False,
+        startup_timeout_s=timeout,
+    )
+    server = TinyServer(config, workdir=workdir)
+    try:
+        endpoints = server.start()
+    except ServerStartError as exc:
+        record["command"], record["startup_s"] = server.command, server.startup_s
+        record["skipped"] = str(exc).splitlines()[0]
+        return EXIT_COULD_NOT_RUN, record
+    try:
+        record["command"], record["startup_s"] = server.command, server.startup_s
+        shape: KVBlockShape = shape_from_hf_config(server.model_config, block_size, "bfloat16")
+        record["shape"] = shape.to_json()
+        checks, info = check_live_server(endpoints.url, shape, budget)
+    finally:
+        server.stop()
     record["cache_config_info"] = info
     record["checks"] = [c.to_json() for c in checks]
     record["held"] = all(c.held for c in checks)

@@ -44,6 +44,7 @@ TINY_CONFIG: dict[str, Any] = {
     "eos_token_id": 2,
 }
 EVENTS_TOPIC = "kv-events"
+SERVED_MODEL_NAME = "kvspec-tiny"
 LOG_TAIL_CHARS = 4000
 
 
@@ -122,9 +123,10 @@ class Endpoints:
     events: str | None
     replay: str | None
     topic: str = EVENTS_TOPIC
+    model: str = SERVED_MODEL_NAME
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "events": self.events, "replay": self.replay, "topic": self.topic}
+        return {"url": self.url, "events": self.events, "replay": self.replay, "topic": self.topic, "model": self.model}
 
 
 def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float) -> str | None:
@@ -147,10 +149,8 @@ def stop_process_group(server: subprocess.Popen[bytes], grace_s: float = 20.0) -
     """SIGTERM the server's process group (the API server and its engine core), SIGKILL it if it lingers."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
     # The engine core may outlive the API server's exit: kill whatever is left of the group.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.pid, signal.SIGKILL)
@@ -190,7 +190,8 @@ class TinyServer:
         c = self.config
         cmd = [
             self.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+            "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
+            "--host", "127.0.0.1", "--port", str(port),
             "--block-size", str(c.block_size), "--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes),
             "--max-model-len", str(c.max_model_len), "--max-num-seqs", str(c.max_num_seqs),
             "--enforce-eager", "--dtype", "bfloat16", "--enable-prompt-tokens-details",
@@ -277,6 +278,7 @@ class TinyServer:
 
 __all__ = [
     "EVENTS_TOPIC",
+    "SERVED_MODEL_NAME",
     "TINY_CONFIG",
     "Endpoints",
     "ServerConfig",

@@ -1,0 +1,472 @@
+"""The event-stream ledger: what a black-box engine's published KV events and responses must satisfy.
+
+A server seen from outside shows three things: a stream of batches of cache events (a block's
+hash was stored, removed, or every block cleared), each request's ``cached_tokens``, and a few
+gauges (usage, preemptions). None of them carries block ids or ref counts, so the ledger here is
+the spec's cache index only: how many cached copies of each block hash exist, and which token
+prefix each hash stands for (a block is identified by its whole token prefix, as in the spec's
+:class:`~kvspec.spec.KeyMemory` at block granularity). The named checks:
+
+- ``cached_within_pool``: cached copies never exceed the usable pool;
+- ``removed_was_cached``: a removal names a hash that has a cached copy;
+- ``stored_once``: a hash with a cached copy is stored again only as a block that an in-flight
+  request recomputes (it did not hit it: past its cached tokens), never out of nowhere;
+- ``hash_chain_agrees``: every published hash is the engine's hash of the tokens it claims (the
+  parent's prefix plus the block's tokens), and one hash never stands for two prefixes;
+- ``predicted_cached_tokens``: a request sent alone (exact mode) hits exactly the longest cached
+  prefix of whole blocks at its admission, capped so one prompt token is computed;
+- ``cached_tokens_within_bounds``: a concurrent request hits between the least and the most such
+  prefix seen while it was in flight;
+- ``in_flight_not_removed``: no block that a request still holds (its hits, if it was alone when
+  it arrived, and the blocks it stored) loses its last cached copy while the request is in flight
+  and was not preempted;
+- ``idle_usage_zero``: the usage gauge reads 0 whenever nothing is in flight;
+- ``event_sequence_contiguous``: batch sequence numbers run without gap or reordering.
+
+The engine's hash function is not the spec's business: the caller passes ``published_hash``
+(token prefix -> published hash). Without it, ``hash_chain_agrees`` is unknown.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+Prefix = tuple[int, ...]
+PublishedHash = Callable[[Prefix], Hashable]
+
+STREAM_INVARIANTS: tuple[tuple[str, str], ...] = (
+    ("cached_within_pool", "safety"),
+    ("removed_was_cached", "safety"),
+    ("stored_once", "safety"),
+    ("hash_chain_agrees", "refinement"),
+    ("predicted_cached_tokens", "refinement"),
+    ("cached_tokens_within_bounds", "safety"),
+    ("in_flight_not_removed", "safety"),
+    ("idle_usage_zero", "safety"),
+    ("event_sequence_contiguous", "safety"),
+)
+STREAM_INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _ in STREAM_INVARIANTS)
+MAX_PROBLEMS = 20
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One completed request as the client saw it. Times share the clock of the batches' ``ts``.
+
+    exact: it was sent alone, after the events of every earlier request had arrived.
+    preempted: False when it is known not to have been preempted, None when unknown.
+    """
+
+    id: str
+    prompt: Prefix
+    output: Prefix | None
+    cached_tokens: int | None
+    started: float
+    finished: float
+    exact: bool = False
+    preempted: bool | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RequestRecord:
+        output = data.get("output_token_ids")
+        preempted = data.get("preempted")
+        return cls(
+            id=str(data["id"]),
+            prompt=tuple(int(t) for t in data["prompt_token_ids"]),
+            output=None if output is None else tuple(int(t) for t in output),
+            cached_tokens=None if data.get("cached_tokens") is None else int(data["cached_tokens"]),
+            started=float(data["started"]),
+            finished=float(data["finished"]),
+            exact=data.get("mode") == "exact",
+            preempted=None if preempted is None else bool(preempted),
+        )
+
+
+@dataclass(frozen=True)
+class MetricSnapshot:
+    """The gauges read at ``ts``; ``idle``: no request was in flight then."""
+
+    ts: float
+    idle: bool
+    usage: float | None = None
+    preemptions: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MetricSnapshot:
+        usage, preemptions = data.get("kv_cache_usage_perc"), data.get("num_preemptions_total")
+        return cls(
+            ts=float(data["ts"]),
+            idle=bool(data.get("idle", False)),
+            usage=None if usage is None else float(usage),
+            preemptions=None if preemptions is None else float(preemptions),
+        )
+
+
+@dataclass
+class InFlight:
+    """A request between its start and finish: the blocks it holds and the hit bounds seen so far."""
+
+    record: RequestRecord
+    chain: dict[Prefix, int]  # the prefix of each of its blocks -> block index
+    guarded: bool  # known not preempted: its blocks must keep a cached copy
+    held: set[Hashable] = field(default_factory=set)
+    stored: Counter[Prefix] = field(default_factory=Counter)  # blocks it has been credited with storing
+    least: int = 0
+    most: int = 0
+
+
+@dataclass
+class StreamResult:
+    """Verdicts of the stream checks (rows shaped like the report's ``invariants``) and what was seen."""
+
+    checked: Counter[str] = field(default_factory=Counter)
+    first_violation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    seen: Counter[str] = field(default_factory=Counter)
+
+    def fail(self, name: str, where: Mapping[str, Any], problem: str) -> None:
+        entry = {"invariant": name, **where, "problems": [problem]}
+        if len(self.violations) < MAX_PROBLEMS:
+            self.violations.append(entry)
+        first = self.first_violation.setdefault(name, {**where, "problems": []})
+        if len(first["problems"]) < 5 and first.get("batch") == where.get("batch"):
+            first["problems"].append(problem)
+
+    @property
+    def violated(self) -> list[str]:
+        return [name for name in STREAM_INVARIANT_NAMES if name in self.first_violation]
+
+    @property
+    def held(self) -> bool:
+        return not self.first_violation
+
+    def verdicts(self) -> list[dict[str, Any]]:
+        """One row per stream invariant: held, violated, or unknown (never exercised)."""
+        rows = []
+        for name, kind in STREAM_INVARIANTS:
+            first = self.first_violation.get(name)
+            checked = self.checked.get(name, 0)
+            verdict = "violated" if first else ("held" if checked else "unknown")
+            rows.append(
+                {"name": name, "kind": kind, "verdict": verdict, "checked_steps": checked, "first_violation": first}
+            )
+        return rows
+
+
+class StreamLedger:
+    """The cache index rebuilt from events; every event and request is checked as it is applied.
+
+    ``usable_blocks``: the pool's capacity in blocks (None: unknown, ``cached_within_pool`` not judged).
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        usable_blocks: int | None = None,
+        published_hash: PublishedHash | None = None,
+        result: StreamResult | None = None,
+    ) -> None:
+        self.block_size = block_size
+        self.usable_blocks = usable_blocks
+        self.published_hash = published_hash
+        self.result = result or StreamResult()
+        self.copies: Counter[Hashable] = Counter()
+        self.prefix_of: dict[Hashable, Prefix] = {}
+        self.hash_of: dict[Prefix, Hashable] = {}
+        self.in_flight: dict[str, InFlight] = {}
+        self.last_seq: int | None = None
+        self.where: dict[str, Any] = {}
+
+    # -- the index ----------------------------------------------------------------
+
+    def cached_prefix_blocks(self, tokens: Sequence[int]) -> int:
+        """Leading whole blocks of ``tokens`` that have a cached copy, capped so one token is computed."""
+        bs = self.block_size
+        limit = (len(tokens) - 1) // bs if tokens else 0
+        n = 0
+        while n < limit:
+            key = self.hash_of.get(tuple(tokens[: (n + 1) * bs]))
+            if key is None or self.copies[key] <= 0:
+                break
+            n += 1
+        return n
+
+    def _refresh_bounds(self) -> None:
+        for flight in self.in_flight.values():
+            now = self.cached_prefix_blocks(flight.record.prompt)
+            flight.least, flight.most = min(flight.least, now), max(flight.most, now)
+
+    def _total(self) -> int:
+        return sum(self.copies.values())
+
+    # -- batches and events ----------------------------------------------------------
+
+    def apply_batch(self, index: int, seq: int | None, events: Iterable[Mapping[str, Any]]) -> None:
+        """Apply one published batch (record ``index``); its seq must follow the previous one."""
+        r = self.result
+        self.where = {"batch": index, "seq": seq}
+        r.seen["batches"] += 1
+        if seq is not None:
+            if self.last_seq is not None:
+                r.checked["event_sequence_contiguous"] += 1
+                if seq != self.last_seq + 1:
+                    r.fail(
+                        "event_sequence_contiguous",
+                        self.where,
+                        f"batch seq {seq} follows seq {self.last_seq} (expected {self.last_seq + 1})",
+                    )
+            self.last_seq = seq if self.last_seq is None else max(seq, self.last_seq)
+        for event in events:
+            r.seen["events"] += 1
+            kind = event.get("type")
+            if kind == "BlockStored":
+                self._stored(event)
+            elif kind == "BlockRemoved":
+                for key in event.get("block_hashes", []):
+                    self._removed(key)
+            elif kind == "AllBlocksCleared":
+                self._cleared()
+            else:
+                r.seen[f"unknown event {kind}"] += 1
+            self._refresh_bounds()
+
+    def _stored(self, event: Mapping[str, Any]) -> None:
+        r, bs = self.result, self.block_size
+        keys = list(event.get("block_hashes", []))
+        tokens = list(event.get("token_ids", []))
+        parent = event.get("parent_block_hash")
+        prefix: Prefix | None = () if parent is None else self.prefix_of.get(parent)
+        if len(tokens) != len(keys) * bs:
+            r.checked["hash_chain_agrees"] += 1
+            r.fail(
+                "hash_chain_agrees",
+                self.where,
+                f"BlockStored of {len(keys)} blocks carries {len(tokens)} tokens (block size {bs})",
+            )
+            prefix = None
+        for i, key in enumerate(keys):
+            r.seen["stored"] += 1
+            block: Prefix | None = None if prefix is None else prefix + tuple(tokens[i * bs : (i + 1) * bs])
+            if block is not None:
+                self._check_identity(key, block)
+            self._check_stored_once(key, block)
+            self.copies[key] += 1
+            if block is not None:
+                self.prefix_of.setdefault(key, block)
+                self.hash_of.setdefault(block, key)
+                self._hold(key, block)
+            if self.usable_blocks is not None:
+                r.checked["cached_within_pool"] += 1
+                if self._total() > self.usable_blocks:
+                    r.fail(
+                        "cached_within_pool",
+                        self.where,
+                        f"{self._total()} cached blocks after storing {key} exceed the pool's {self.usable_blocks}",
+                    )
+            prefix = block
+
+    def _check_identity(self, key: Hashable, block: Prefix) -> None:
+        r = self.result
+        known = self.prefix_of.get(key)
+        if known is not None and known != block:
+            r.checked["hash_chain_agrees"] += 1
+            r.fail(
+                "hash_chain_agrees",
+                self.where,
+                f"hash {key} stored for a {len(block)}-token prefix it did not stand for before",
+            )
+            return
+        if self.published_hash is None:
+            return
+        r.checked["hash_chain_agrees"] += 1
+        expected = self.published_hash(block)
+        if expected != key:
+            r.fail(
+                "hash_chain_agrees",
+                self.where,
+                f"hash {key} published for the {len(block)}-token prefix ending {list(block[-4:])}; "
+                f"its tokens and parent give {expected}",
+            )
+
+    def _check_stored_once(self, key: Hashable, block: Prefix | None) -> None:
+        """Credit the store to a request that computes ``block``; a cached hash needs such a request."""
+        r = self.result
+        cached = self.copies[key] > 0
+        if block is None:
+            if not cached:
+                r.checked["stored_once"] += 1
+            return  # the stored prefix is unknown: cannot tell who recomputes it
+        computing = [f for f in self.in_flight.values() if block in f.chain and f.chain[block] >= self._hits(f)]
+        # Each request computes a block once, unless it may have been preempted (and recomputed it).
+        fresh = [f for f in computing if f.stored[block] == 0] or [f for f in computing if not f.guarded]
+        if fresh:
+            fresh[0].stored[block] += 1
+        r.checked["stored_once"] += 1
+        if cached and not fresh:
+            r.fail(
+                "stored_once",
+                self.where,
+                f"hash {key} stored again while cached ({self.copies[key]} copies) "
+                "and no in-flight request is computing that block",
+            )
+
+    def _hits(self, flight: InFlight) -> int:
+        return (flight.record.cached_tokens or 0) // self.block_size
+
+    def _hold(self, key: Hashable, block: Prefix) -> None:
+        """A stored block is held by the one in-flight request whose chain has it past its hits."""
+        owners = [f for f in self.in_flight.values() if block in f.chain]
+        if len(owners) == 1 and owners[0].chain[block] >= self._hits(owners[0]):
+            owners[0].held.add(key)
+
+    def _removed(self, key: Hashable) -> None:
+        r = self.result
+        r.seen["removed"] += 1
+        r.checked["removed_was_cached"] += 1
+        if self.copies[key] <= 0:
+            r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
+            return
+        self.copies[key] -= 1
+        if self.copies[key] == 0:
+            del self.copies[key]
+        self._check_holders({key})
+
+    def _cleared(self) -> None:
+        r = self.result
+        r.seen["cleared"] += 1
+        gone = set(self.copies)
+        self.copies.clear()
+        self._check_holders(gone)
+
+    def _check_holders(self, gone: set[Hashable]) -> None:
+        r = self.result
+        for flight in self.in_flight.values():
+            if not flight.guarded:
+                continue
+            r.checked["in_flight_not_removed"] += 1
+            lost = sorted(str(k) for k in flight.held & gone if self.copies[k] <= 0)
+            if lost:
+                r.fail(
+                    "in_flight_not_removed",
+                    self.where,
+                    f"request {flight.record.id} (in flight, not preempted) lost the last cached copy of {lost[:3]}",
+                )
+
+    # -- requests and gauges ---------------------------------------------------------
+
+    def start(self, record: RequestRecord, alone: bool) -> None:
+        """A request arrives. Alone, it is admitted against the index as it stands now."""
+        r, bs = self.result, self.block_size
+        r.seen["requests"] += 1
+        tokens = record.prompt + (record.output or ())
+        chain = {tuple(tokens[: (j + 1) * bs]): j for j in range(len(tokens) // bs)}
+        now = self.cached_prefix_blocks(record.prompt)
+        flight = InFlight(record, chain, guarded=record.preempted is False, least=now, most=now)
+        if alone and record.cached_tokens is not None:
+            # Sent alone, it is scheduled before anything else can touch the index: its hits are held from now.
+            for j in range(min(self._hits(flight), now)):
+                flight.held.add(self.hash_of[tuple(record.prompt[: (j + 1) * bs])])
+        where = {"request": record.id, "started": record.started}
+        if record.exact and record.cached_tokens is not None:
+            r.checked["predicted_cached_tokens"] += 1
+            if record.cached_tokens != now * bs:
+                r.fail(
+                    "predicted_cached_tokens",
+                    where,
+                    f"request {record.id} of {len(record.prompt)} prompt tokens got cached_tokens="
+                    f"{record.cached_tokens}; the cached prefix at admission gives {now * bs}",
+                )
+        self.in_flight[record.id] = flight
+
+    def finish(self, record: RequestRecord) -> None:
+        """A request's response arrived: judge its hit against the bounds seen while it was in flight."""
+        r, bs = self.result, self.block_size
+        flight = self.in_flight.pop(record.id, None)
+        if flight is None or record.exact or record.cached_tokens is None:
+            return
+        r.checked["cached_tokens_within_bounds"] += 1
+        low, high = flight.least * bs, flight.most * bs
+        if not low <= record.cached_tokens <= high:
+            r.fail(
+                "cached_tokens_within_bounds",
+                {"request": record.id, "finished": record.finished},
+                f"request {record.id} got cached_tokens={record.cached_tokens}; while it was in flight the "
+                f"cached prefix ranged over [{low}, {high}] tokens",
+            )
+
+    def snapshot(self, metrics: MetricSnapshot) -> None:
+        """Gauges read while nothing was in flight must show an empty pool in use."""
+        r = self.result
+        if not metrics.idle or metrics.usage is None:
+            return
+        r.checked["idle_usage_zero"] += 1
+        if metrics.usage != 0.0:
+            r.fail(
+                "idle_usage_zero",
+                {"metrics": metrics.ts},
+                f"kv_cache_usage_perc={metrics.usage} while no request was in flight",
+            )
+
+
+def _known_not_preempted(record: RequestRecord, snapshots: Sequence[MetricSnapshot]) -> bool | None:
+    """Not preempted when the preemption counter read before and after its window did not move."""
+    if record.preempted is not None or record.exact:
+        return False if record.exact else record.preempted
+    before = [s.preemptions for s in snapshots if s.ts <= record.started and s.preemptions is not None]
+    after = [s.preemptions for s in snapshots if s.ts >= record.finished and s.preemptions is not None]
+    if before and after and before[-1] == after[0]:
+        return False
+    return None
+
+
+def check_stream(
+    batches: Sequence[Mapping[str, Any]],
+    requests: Sequence[RequestRecord],
+    snapshots: Sequence[MetricSnapshot] = (),
+    *,
+    block_size: int,
+    usable_blocks: int | None = None,
+    published_hash: PublishedHash | None = None,
+) -> StreamResult:
+    """Check a recorded stream: batches in the order received, requests and gauges placed by time.
+
+    A request's start (finish) is applied before the first batch whose ``ts`` is not earlier than
+    its ``started`` (``finished``); the batch order itself is kept as received, so a reordering
+    shows as a sequence error rather than being sorted away.
+    """
+    requests = [replace(q, preempted=_known_not_preempted(q, snapshots)) for q in requests]
+    windows = sorted((q.started, q.finished) for q in requests)
+    ledger = StreamLedger(block_size, usable_blocks, published_hash)
+    # Timed actions: (time, order, kind, item). At equal times a finish comes before a start.
+    actions: list[tuple[float, int, str, Any]] = []
+    for q in requests:
+        actions += [(q.finished, 0, "finish", q), (q.started, 1, "start", q)]
+    actions += [(s.ts, 2, "snapshot", s) for s in snapshots]
+    actions.sort(key=lambda a: (a[0], a[1]))
+
+    def alone(q: RequestRecord) -> bool:
+        return sum(1 for s, f in windows if s < q.finished and q.started < f) == 1
+
+    pending = iter(actions)
+    upcoming = next(pending, None)
+
+    def run_until(ts: float) -> None:
+        nonlocal upcoming
+        while upcoming is not None and upcoming[0] < ts:
+            _, _, kind, item = upcoming
+            if kind == "start":
+                ledger.start(item, alone(item))
+            elif kind == "finish":
+                ledger.finish(item)
+            else:
+                ledger.snapshot(item)
+            upcoming = next(pending, None)
+
+    for index, batch in enumerate(batches):
+        run_until(float(batch.get("ts", 0.0)))
+        ledger.apply_batch(index, batch.get("seq"), batch.get("events", []))
+    run_until(float("inf"))
+    return ledger.result
