@@ -24,6 +24,7 @@ key is mapped to content by the request table it first appears in.
 from __future__ import annotations
 
 import bisect
+import importlib
 import importlib.util
 import time
 from collections import Counter
@@ -477,10 +478,10 @@ def _grid(header: list[str], rows: list[list[str]], markdown: bool) -> list[str]
 def plot(result: dict[str, Any], path: str) -> str | None:
     """Hit rate and rebuilt blocks against pool size, one panel per workload. Returns why not, or None."""
     try:
-        import matplotlib
-
+        # Imported by name: matplotlib is optional, and not a dependency mypy needs to know.
+        matplotlib = importlib.import_module("matplotlib")
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = importlib.import_module("matplotlib.pyplot")
     except ImportError as exc:
         return f"matplotlib is not importable ({exc}); no plot written"
     workloads = [w["name"] for w in result["workloads"]]
