@@ -12,7 +12,7 @@ suite runs them on a live adapter.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
 from kvspec.spec import (
@@ -77,24 +77,26 @@ def step_json(
 
 
 def semantics_from_json(data: Any, line: int) -> Semantics:
-    """Semantics from a header; unknown fields are ignored, a value of the wrong type is a format error."""
+    """Semantics from a header; unknown fields are ignored, a value outside the field's type is a format error.
+
+    The allowed values are read off Semantics' own annotations, so a field or an
+    eviction order the spec adds is accepted here without a change.
+    """
     if not isinstance(data, dict):
         raise TraceFormatError(line, "semantics must be an object")
-    fields = {k: v for k, v in data.items() if k in Semantics.__dataclass_fields__}
-    sem = Semantics(**fields)
-    allowed = {
-        "granularity": ("block", "record", "entry"),
-        "eviction": ("lru", "lifecycle", "score"),
-        "duplicate_keys": ("unkeyed", "indexed"),
-        "free_uncached": ("tail", "head"),
-    }
-    for name, values in allowed.items():
-        if getattr(sem, name) not in values:
-            raise TraceFormatError(line, f"semantics {name} must be one of {values}, not {getattr(sem, name)!r}")
-    for name in ("hit_cap", "reset_requires_idle", "exact"):
-        if not isinstance(getattr(sem, name), bool):
-            raise TraceFormatError(line, f"semantics {name} must be true or false")
-    return sem
+    hints = get_type_hints(Semantics)
+    fields = {}
+    for name, value in data.items():
+        if name not in Semantics.__dataclass_fields__:
+            continue
+        allowed = get_args(hints[name]) if get_origin(hints[name]) is Literal else ()
+        if allowed and value not in allowed:
+            raise TraceFormatError(line, f"semantics {name} must be one of {allowed}, not {value!r}")
+        plain = hints[name] if hints[name] in (bool, int, float, str) else None
+        if plain is not None and type(value) is not plain and not (plain is float and type(value) is int):
+            raise TraceFormatError(line, f"semantics {name} must be a {hints[name].__name__}, not {value!r}")
+        fields[name] = value
+    return Semantics(**fields)
 
 
 def _outcome(line: Line) -> Outcome:

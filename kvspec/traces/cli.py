@@ -1,0 +1,166 @@
+"""`kvspec trace check` and `kvspec trace record`.
+
+`register(subparsers)` adds ``trace`` to the main parser; each sub-subcommand
+sets ``handler`` to a function of the parsed arguments that returns the kit's
+exit code: 0 every invariant held (or the trace was recorded), 1 a violation,
+2 the command could not run (unreadable file, malformed line, adapter failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvspec.spec import Config, SpecError
+
+from . import FORMATS, check_trace
+from .lines import TraceFormatError, read_lines
+from .result import EXIT_COULD_NOT_RUN, EXIT_HELD
+
+AUTO = "auto"
+
+
+def register(subparsers: Any) -> None:
+    """Add `trace check` and `trace record` to the `kvspec` subcommands."""
+    trace = subparsers.add_parser("trace", help="check or record lifecycle traces (JSONL event logs)")
+    sub = trace.add_subparsers(dest="trace_command", required=True)
+
+    check = sub.add_parser("check", help="replay a recorded trace through the spec")
+    check.add_argument("file", type=Path, help="the JSONL trace")
+    check.add_argument(
+        "--format",
+        choices=[AUTO, *FORMATS],
+        default=AUTO,
+        help="kvspec: kvspec's own trace; vllm-events: vLLM KV cache events as the live adapter records them; "
+        "side-table: per-block lifecycle events; auto (default): from the first line",
+    )
+    check.add_argument("--report", type=Path, default=None, help="write the JSON report (as kvspec check) here")
+    check.add_argument("--context", type=int, default=3, help="lines shown before the first violation (default 3)")
+    check.set_defaults(handler=cmd_check)
+
+    record = sub.add_parser("record", help="drive an adapter with ops and write what it did as a trace")
+    record.add_argument("--adapter", default="reference", help="adapter name or pkg.module:Factory")
+    record.add_argument("--out", type=Path, required=True, help="the JSONL trace to write")
+    record.add_argument(
+        "--format", choices=["kvspec", "side-table"], default="kvspec", help="what to write (default kvspec)"
+    )
+    record.add_argument("--ops", type=Path, default=None, help="a case or workload JSON file with the ops to apply")
+    record.add_argument("--seed", type=int, default=0, help="seed of the random valid ops (without --ops)")
+    record.add_argument("--steps", type=int, default=100, help="number of random ops (without --ops)")
+    record.add_argument("--capacity", type=int, default=None, help="pool size (default: the case's, else 8)")
+    record.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the file's, else 4)")
+    record.add_argument(
+        "--no-observations", action="store_true", help="kvspec format: record ops, outcomes and events only"
+    )
+    record.set_defaults(handler=cmd_record)
+
+
+def detect_format(path: Path) -> str:
+    """The format of a trace from its first line; raises TraceFormatError when it is none of them."""
+    first = read_lines(path)[0]
+    if "kvspec_trace" in first.data:
+        return "kvspec"
+    if "kvspec_side_table" in first.data or "event" in first.data:
+        return "side-table"
+    if "events" in first.data or "kvspec_vllm_events" in first.data or "type" in first.data:
+        return "vllm-events"
+    raise TraceFormatError(first.number, "cannot tell the trace's format from its first line; pass --format")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    fmt = args.format
+    if fmt == AUTO:
+        try:
+            fmt = detect_format(args.file)
+        except TraceFormatError as exc:
+            print(f"kvspec: {args.file}: {exc}", file=sys.stderr)
+            return EXIT_COULD_NOT_RUN
+    result = check_trace(args.file, fmt, context=max(args.context, 0))
+    if args.report:
+        result.write_report(args.report)
+    print(result.table())
+    if result.status == "error":
+        where = f":{result.error_line}" if result.error_line is not None else ""
+        print(f"kvspec: {args.file}{where}: {result.error}", file=sys.stderr)
+    return result.exit_code
+
+
+def _ops_source(args: argparse.Namespace) -> tuple[dict[str, int], list[Any] | None]:
+    """Config fields and ops from --ops (a case or a workload), or no ops (random ones are drawn)."""
+    if args.ops is None:
+        return {}, None
+    data = json.loads(args.ops.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
+        raise ValueError(f"{args.ops} has no 'ops' list (expected a kvspec case or workload file)")
+    fields: dict[str, int] = {}
+    if isinstance(data.get("config"), dict):
+        fields.update(Config.from_json(data["config"]).to_json())
+    if isinstance(data.get("block_size"), int):
+        fields["block_size"] = data["block_size"]
+    from kvspec.spec import Op
+
+    return fields, [Op.from_json(op) for op in data["ops"]]
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from kvspec.adapters import AdapterLoadError, load
+
+    from .record import RandomOps, RecordedStep, drive, write_kvspec_trace, write_side_table
+
+    try:
+        fields, ops = _ops_source(args)
+    except (OSError, ValueError, SpecError, TypeError, AttributeError) as exc:
+        print(f"kvspec: cannot read ops from {args.ops}: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    try:
+        adapter = load(args.adapter)()
+    except (AdapterLoadError, Exception) as exc:
+        print(f"kvspec: adapter {args.adapter!r} failed to load: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    caps = adapter.capabilities
+    if args.capacity is not None:
+        fields["capacity"] = args.capacity
+    if args.block_size is not None:
+        fields["block_size"] = args.block_size
+    try:
+        config = caps.fixed_config or Config(**{"capacity": 8, "block_size": 4, **fields})
+    except SpecError as exc:
+        print(f"kvspec: bad pool: {exc}", file=sys.stderr)
+        adapter.close()
+        return EXIT_COULD_NOT_RUN
+    source = ops if ops is not None else RandomOps(args.seed, config, caps.ops, caps.semantics.granularity).next
+    recorded: list[RecordedStep] = []
+    code = EXIT_HELD
+    try:
+        for step in drive(adapter, config, source, args.steps):
+            recorded.append(step)
+    except Exception as exc:  # the adapter is user code: what it did up to here is still written
+        print(f"kvspec: adapter {args.adapter!r} raised at step {len(recorded)}: {exc!r}", file=sys.stderr)
+        code = EXIT_COULD_NOT_RUN
+    try:
+        if args.format == "side-table":
+            write_side_table(args.out, adapter, config, recorded)
+        else:
+            write_kvspec_trace(args.out, adapter, config, recorded, observations=not args.no_observations)
+    except ValueError as exc:
+        print(f"kvspec: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    finally:
+        adapter.close()
+    print(f"recorded {len(recorded)} steps of {adapter.name} ({args.format}) to {args.out}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `trace ...` on its own (the kit's `kvspec` wires the same parser)."""
+    parser = argparse.ArgumentParser(prog="kvspec")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
