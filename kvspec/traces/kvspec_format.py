@@ -171,5 +171,5 @@ def check(lines: list[Line], judge: Judge) -> None:
 
 def _order_problem(expected: int, got: int) -> str:
     if got > expected:
-        return f"step {got} where step {expected} was due: {got - expected} step(s) missing"
+        return f"step {got} where step {expected} was due: {got - expected} step(s) missing or moved"
     return f"step {got} where step {expected} was due: a step repeated or out of order"

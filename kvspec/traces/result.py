@@ -127,7 +127,14 @@ class TraceResult:
             "coverage": dict(sorted(self.coverage.items())),
             "findings": [],
             "cases": [],
-            "trace": {"path": self.path, "format": self.fmt, "lines": self.lines, "error_line": self.error_line},
+            "trace": {
+                "path": self.path,
+                "format": self.fmt,
+                "lines": self.lines,
+                "error_line": self.error_line,
+                "violated": None if self.violation is None else self.violation.invariant,
+                "violated_line": None if self.violation is None else self.violation.line,
+            },
         }
 
     def table(self) -> str:

@@ -60,6 +60,7 @@ INVARIANTS: tuple[TraceInvariant, ...] = (
     TraceInvariant("cache_index_consistency", "safety", "Hits and recorded hashes match the blocks cached."),
     TraceInvariant("predicted_prefix_hits", "refinement", "A lookup hits the longest cached chain of its hashes."),
     TraceInvariant("hit_count_consistency", "refinement", "A block's hit_count counts its touches since cached."),
+    TraceInvariant("candidates_unreferenced", "policy", "Only cached, unreferenced blocks are ranked for eviction."),
     TraceInvariant("policy_conformance", "policy", "The evicted block is the policy's pick among the candidates."),
 )
 
@@ -291,7 +292,7 @@ class SideTableLedger:
                 )
             candidates.append(c)
         self.ranking = candidates
-        return {"policy_conformance": problems}
+        return {"candidates_unreferenced": problems}
 
     def _policy(self, block_id: int, line: Line) -> Problems:
         """The evicted block is the declared policy's pick among the current ranking's candidates still cached.
@@ -385,7 +386,7 @@ def check(lines: list[Line], judge: Judge) -> None:
         order: list[str] = []
         if seq is not None:
             if last_seq is not None and seq != last_seq + 1:
-                gap = "line(s) missing" if seq > last_seq + 1 else "repeated or out of order"
+                gap = "line(s) missing or moved" if seq > last_seq + 1 else "repeated or out of order"
                 order.append(f"seq {seq} follows seq {last_seq}: {gap}")
             last_seq = seq
         if ts is not None:

@@ -1,0 +1,517 @@
+"""`kvspec trace check` on good and corrupted logs of each format, and `kvspec trace record`.
+
+Every corruption is a small edit of a good log (a line removed, repeated, moved,
+a field changed) and must be reported by the invariant it breaks, by name; a
+malformed line must end the check with exit code 2 and its line number.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
+from kvspec.traces import check_trace
+from kvspec.traces.cli import main
+from kvspec.traces.codec import decode, encode, observation_from_json, observation_to_json
+
+DATA = Path(__file__).parent / "data" / "traces"
+KVSPEC_GOOD = DATA / "reference_kvspec.jsonl"
+SIDE_GOOD = DATA / "reference_side_table.jsonl"
+SHARED_AWARE = DATA / "shared_aware_side_table.jsonl"
+
+Lines = list[dict[str, Any]]
+
+
+def load(path: Path) -> Lines:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write(tmp_path: Path, lines: Lines, name: str = "trace.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def run(tmp_path: Path, path: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any], str]:
+    """Run the CLI handler; return the exit code, the JSON report and stderr."""
+    report = tmp_path / "report.json"
+    code = main(["trace", "check", str(path), "--format", fmt, "--report", str(report)])
+    err = capsys.readouterr().err
+    return code, json.loads(report.read_text()), err
+
+
+def verdicts(report: dict[str, Any]) -> dict[str, str]:
+    return {row["name"]: row["verdict"] for row in report["invariants"]}
+
+
+def assert_passed(code: int, report: dict[str, Any]) -> None:
+    assert code == 0, report["trace"]
+    assert report["status"] == "passed"
+    for row in report["invariants"]:
+        assert row["verdict"] in ("held", "unknown"), row
+        if row["verdict"] == "unknown":
+            assert row["reason"], row
+        else:
+            assert row["checked_steps"] > 0
+
+
+def assert_violated(code: int, report: dict[str, Any], invariant: str) -> None:
+    assert code == 1, report["trace"]
+    assert report["status"] == "violated"
+    assert report["trace"]["violated"] == invariant, report["trace"]
+    row = next(r for r in report["invariants"] if r["name"] == invariant)
+    assert row["verdict"] == "violated" and row["first_violation"]["problems"]
+
+
+# -- kvspec's own trace ------------------------------------------------------------------------
+
+
+def test_kvspec_good_trace_holds_every_invariant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, _ = run(tmp_path, KVSPEC_GOOD, "kvspec", capsys)
+    assert_passed(code, report)
+    held = {name for name, verdict in verdicts(report).items() if verdict == "held"}
+    # The recorded pool is exercised enough that every safety and refinement check of the spec ran.
+    assert {inv.name for inv in SPEC_INVARIANTS if inv.kind in ("safety", "refinement")} <= held
+    assert report["adapter"] == "reference" and report["steps"] == len(load(KVSPEC_GOOD)) - 1
+    assert report["coverage"]["evict"] > 0 and report["coverage"]["reclaim"] > 0
+
+
+def _steps(lines: Lines) -> list[tuple[int, dict[str, Any]]]:
+    return list(enumerate(lines))[1:]
+
+
+def _renumber(lines: Lines) -> Lines:
+    for i, line in enumerate(lines[1:]):
+        line["step"] = i
+    return lines
+
+
+def _before(lines: Lines, i: int) -> dict[str, Any]:
+    return lines[i - 1]["observation"] if i > 1 else lines[0]["observation"]
+
+
+def remove_step(lines: Lines) -> Lines:
+    del lines[5]
+    return lines
+
+
+def duplicate_step(lines: Lines) -> Lines:
+    lines.insert(6, copy.deepcopy(lines[5]))
+    return lines
+
+
+def swap_steps(lines: Lines) -> Lines:
+    lines[5], lines[6] = lines[6], lines[5]
+    return lines
+
+
+def remove_release_and_renumber(lines: Lines) -> Lines:
+    """Lose a release and hide the gap: the next step's ledger shows the request gone under another op."""
+    for i, line in _steps(lines[:-1]):
+        nxt = lines[i + 1]
+        if (
+            line["op"]["op"] == "release"
+            and nxt["outcome"]["status"] == "ok"
+            and nxt["op"].get("req") != line["op"]["req"]
+            and nxt["op"]["op"] != "reset_cache"
+        ):
+            del lines[i]
+            return _renumber(lines)
+    raise AssertionError("the good trace has no release followed by an unrelated ok step")
+
+
+def negative_ref_count(lines: Lines) -> Lines:
+    for _, line in _steps(lines):
+        held = [o for o in line["observation"]["objects"] if o["ref_count"] > 0]
+        if line["outcome"]["status"] == "ok" and held:
+            held[0]["ref_count"] = -1
+            return lines
+    raise AssertionError("no referenced block in the good trace")
+
+
+def evict_referenced_block(lines: Lines) -> Lines:
+    """An admission that reports evicting a block another running request reads."""
+    for i, line in _steps(lines):
+        before = _before(lines, i)
+        others = [r for r in before["requests"] if r["objects"] and r["req"] != line["op"].get("req")]
+        if line["op"]["op"] == "admit" and line["outcome"]["status"] == "ok" and others:
+            oid = others[0]["objects"][0]
+            key = next(o["key"] for o in before["objects"] if o["oid"] == oid)
+            line["events"].append({"kind": "evict", "oid": oid, "key": key})
+            return lines
+    raise AssertionError("no admission next to a running request in the good trace")
+
+
+def evict_out_of_order(lines: Lines) -> Lines:
+    """Report another unreferenced cached block as the one evicted than the free queue's head."""
+    for i, line in _steps(lines):
+        evicts = [e for e in line["events"] if e["kind"] == "evict"]
+        if len(evicts) != 1:
+            continue
+        mine = {oid for r in line["observation"]["requests"] for oid in r["objects"]}
+        others = [
+            o
+            for o in _before(lines, i)["objects"]
+            if o["ref_count"] == 0 and o["key"] is not None and o["oid"] != evicts[0]["oid"] and o["oid"] not in mine
+        ]
+        if others:
+            evicts[0]["oid"], evicts[0]["key"] = others[0]["oid"], others[0]["key"]
+            return lines
+    raise AssertionError("no eviction with a choice in the good trace")
+
+
+def wrong_hit_count(lines: Lines) -> Lines:
+    for _, line in _steps(lines):
+        if line["op"]["op"] == "admit" and (line["outcome"]["hit_tokens"] or 0) > 0:
+            line["outcome"]["hit_tokens"] += lines[0]["config"]["block_size"]
+            return lines
+    raise AssertionError("no prefix hit in the good trace")
+
+
+KVSPEC_CORRUPTIONS: list[tuple[Callable[[Lines], Lines], str]] = [
+    (remove_step, "trace_order"),
+    (duplicate_step, "trace_order"),
+    (swap_steps, "trace_order"),
+    (remove_release_and_renumber, "no_active_eviction"),
+    (negative_ref_count, "non_negative_ref_counts"),
+    (evict_referenced_block, "no_active_eviction"),
+    (evict_out_of_order, "predicted_eviction"),
+    (wrong_hit_count, "predicted_prefix_hits"),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "invariant"), KVSPEC_CORRUPTIONS, ids=[c.__name__ for c, _ in KVSPEC_CORRUPTIONS])
+def test_kvspec_corrupted_trace_names_the_broken_invariant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], corrupt: Callable[[Lines], Lines], invariant: str
+) -> None:
+    path = write(tmp_path, corrupt(load(KVSPEC_GOOD)))
+    code, report, _ = run(tmp_path, path, "kvspec", capsys)
+    assert_violated(code, report, invariant)
+
+
+def test_kvspec_violation_shows_line_event_and_context(tmp_path: Path) -> None:
+    lines = wrong_hit_count(load(KVSPEC_GOOD))
+    result = check_trace(write(tmp_path, lines), "kvspec", context=2)
+    v = result.violation
+    assert v is not None and v.invariant == "predicted_prefix_hits"
+    assert v.event == lines[v.line - 1]  # no blank lines: line n is lines[n - 1]
+    assert [n for n, _ in v.context] == [v.line - 2, v.line - 1]
+    table = result.table()
+    assert f"VIOLATED predicted_prefix_hits at line {v.line}" in table and "FAILED" in table
+
+
+def test_kvspec_trace_without_observations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only ops and outcomes: the refinement checks that need no ledger still run; the rest say why not."""
+    lines = load(KVSPEC_GOOD)
+    for line in lines:
+        line.pop("observation", None)
+    code, report, _ = run(tmp_path, write(tmp_path, lines), "kvspec", capsys)
+    assert_passed(code, report)
+    rows = {row["name"]: row for row in report["invariants"]}
+    assert rows["predicted_prefix_hits"]["verdict"] == "held"
+    assert rows["no_active_eviction"]["verdict"] == "unknown"
+    assert "no observation" in rows["no_active_eviction"]["reason"]
+    code, report, _ = run(tmp_path, write(tmp_path, wrong_hit_count(lines), "bad.jsonl"), "kvspec", capsys)
+    assert_violated(code, report, "predicted_prefix_hits")
+
+
+@pytest.mark.parametrize("adapter", ["reference", "lifecycle-sim", "scheduler-sim"])
+def test_recorded_traces_of_each_adapter_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str], adapter: str) -> None:
+    out = tmp_path / f"{adapter}.jsonl"
+    assert main(["trace", "record", "--adapter", adapter, "--out", str(out), "--seed", "7", "--steps", "60"]) == 0
+    code, report, _ = run(tmp_path, out, "auto", capsys)
+    assert_passed(code, report)
+    assert report["trace"]["format"] == "kvspec" and report["steps"] == 60
+
+
+def test_record_from_a_case_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ops = [
+        {"op": "admit", "req": "a", "tokens": [1, 2, 3, 4, 5]},
+        {"op": "release", "req": "a"},
+        {"op": "admit", "req": "b", "tokens": [1, 2, 3, 4, 9]},
+    ]
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps({"kvspec_case": 1, "config": {"capacity": 4, "block_size": 2}, "ops": ops}))
+    out = tmp_path / "case.jsonl"
+    assert main(["trace", "record", "--ops", str(case), "--out", str(out)]) == 0
+    lines = load(out)
+    assert lines[0]["config"]["capacity"] == 4 and [line["op"] for line in lines[1:]] == [
+        {**op, "keep": True} if op["op"] == "release" else op for op in ops
+    ]
+    assert lines[3]["outcome"]["hit_tokens"] == 4  # b reuses a's two full blocks
+    code, report, _ = run(tmp_path, out, "kvspec", capsys)
+    assert_passed(code, report)
+
+
+def test_codec_round_trips_oids_keys_and_observations() -> None:
+    from kvspec.spec import Config, LedgerModel, Op, Semantics
+
+    for value in (None, 3, "x", b"\x00\xff", (1, (2, 3)), 1.5, True):
+        assert decode(json.loads(json.dumps(encode(value)))) == value
+    model = LedgerModel(Config(capacity=6, block_size=2), Semantics())
+    model.step(Op("admit", "r", (1, 2, 3, 4, 5)))
+    obs = model.observe()
+    assert observation_from_json(json.loads(json.dumps(observation_to_json(obs)))) == obs
+
+
+# -- the side table ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [SIDE_GOOD, SHARED_AWARE], ids=["recorded-lru", "hand-written-shared-aware"])
+def test_side_table_good_log_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str], path: Path) -> None:
+    code, report, _ = run(tmp_path, path, "side-table", capsys)
+    assert_passed(code, report)
+    v = verdicts(report)
+    assert v["policy_conformance"] == "held" and v["no_active_eviction"] == "held"
+    assert all(verdict == "held" for verdict in v.values())
+
+
+def _find(lines: Lines, **fields: Any) -> int:
+    return next(i for i, line in enumerate(lines) if all(line.get(k) == v for k, v in fields.items()))
+
+
+def _strip_order(lines: Lines) -> Lines:
+    for line in lines:
+        line.pop("seq", None)
+        line.pop("ts", None)
+    return lines
+
+
+def side_remove_line(lines: Lines) -> Lines:
+    del lines[_find(lines, event="ref_count_changed")]
+    return lines
+
+
+def side_remove_line_renumbered(lines: Lines) -> Lines:
+    """Lose block 0's release (seq 9) and renumber: its next touch finds one reference more than recorded."""
+    del lines[_find(lines, seq=9)]
+    for i, line in enumerate(lines[1:], start=1):
+        line["seq"] = i
+    return lines
+
+
+def side_duplicate_line(lines: Lines) -> Lines:
+    at = _find(lines, event="block_allocated")
+    lines.insert(at + 1, copy.deepcopy(lines[at]))
+    return lines
+
+
+def side_duplicate_line_unnumbered(lines: Lines) -> Lines:
+    return side_duplicate_line(_strip_order(lines))
+
+
+def side_swap_lines(lines: Lines) -> Lines:
+    at = _find(lines, event="block_sealed")
+    lines[at - 1], lines[at] = lines[at], lines[at - 1]
+    return lines
+
+
+def side_swap_lines_unnumbered(lines: Lines) -> Lines:
+    """Seal block 2 before it is allocated: without seq/ts the state machine catches it."""
+    lines = _strip_order(lines)
+    at = _find(lines, event="block_sealed", block_id=2)
+    alloc = max(i for i in range(at) if lines[i].get("event") == "block_allocated" and lines[i]["block_id"] == 2)
+    lines[alloc], lines[at] = lines[at], lines[alloc]
+    return lines
+
+
+def side_negative_ref_count(lines: Lines) -> Lines:
+    at = _find(lines, event="ref_count_changed")
+    lines[at]["delta"], lines[at]["ref_count"] = -2, -1
+    return lines
+
+
+def side_evict_referenced(lines: Lines) -> Lines:
+    """Block 0 is evicted while r2 holds it (between its touch and r2's release)."""
+    at = _find(lines, event="block_touched")
+    lines.insert(at + 1, {"event": "block_evicted", "block_id": 0, "block_hash": "h1", "reason": "evict"})
+    return _strip_order(lines)
+
+
+def side_evict_out_of_order(lines: Lines) -> Lines:
+    """shared_aware evicts the lowest retain score (block 2, 0.6) first; this log evicts block 1 (0.7) first."""
+    first, second = _find(lines, event="block_evicted", block_id=2), _find(lines, event="block_evicted", block_id=1)
+    for i, (block, h, score) in ((first, (1, "h2", 0.7)), (second, (2, "h3", 0.6))):
+        lines[i].update(block_id=block, block_hash=h, retain_score=score)
+    lines[first + 1]["block_id"], lines[second + 1]["block_id"] = 1, 2
+    sealed = _find(lines, event="block_sealed", block_hash="h5")
+    lines[sealed]["block_id"] = 1
+    return lines
+
+
+def side_wrong_hit_count(lines: Lines) -> Lines:
+    at = _find(lines, event="block_touched")
+    lines[at]["hit_count"] += 1
+    return lines
+
+
+def side_wrong_hit_tokens(lines: Lines) -> Lines:
+    at = next(i for i, line in enumerate(lines) if line.get("event") == "prefix_lookup" and line["hit_blocks"])
+    lines[at]["hit_tokens"] += 2
+    return lines
+
+
+def side_hit_on_uncached_block(lines: Lines) -> Lines:
+    at = next(i for i, line in enumerate(lines) if line.get("event") == "prefix_lookup" and line["hit_blocks"])
+    lines[at]["hit_blocks"] = [3]
+    return lines
+
+
+def side_duplicate_hash(lines: Lines) -> Lines:
+    at = _find(lines, event="block_sealed", block_hash="h3")
+    lines[at]["block_hash"] = "h1"
+    return lines
+
+
+def side_rank_referenced_block(lines: Lines) -> Lines:
+    """Rank block 3, which r3 has just allocated, among the eviction candidates."""
+    at = _find(lines, event="eviction_candidates_ranked")
+    lines[at]["candidates"].append({"block_id": 3, "retain_score": 9.0})
+    return lines
+
+
+def side_block_outside_pool(lines: Lines) -> Lines:
+    at = _find(lines, event="block_allocated")
+    lines[at]["block_id"] = 9
+    return lines
+
+
+SIDE_CORRUPTIONS: list[tuple[Callable[[Lines], Lines], str]] = [
+    (side_remove_line, "trace_order"),
+    (side_remove_line_renumbered, "non_negative_ref_counts"),
+    (side_duplicate_line, "trace_order"),
+    (side_duplicate_line_unnumbered, "capacity_conservation"),
+    (side_swap_lines, "trace_order"),
+    (side_swap_lines_unnumbered, "lifecycle_transitions"),
+    (side_negative_ref_count, "non_negative_ref_counts"),
+    (side_evict_referenced, "no_active_eviction"),
+    (side_evict_out_of_order, "policy_conformance"),
+    (side_wrong_hit_count, "hit_count_consistency"),
+    (side_wrong_hit_tokens, "predicted_prefix_hits"),
+    (side_hit_on_uncached_block, "cache_index_consistency"),
+    (side_duplicate_hash, "share_without_duplication"),
+    (side_rank_referenced_block, "candidates_unreferenced"),
+    (side_block_outside_pool, "capacity_conservation"),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "invariant"), SIDE_CORRUPTIONS, ids=[c.__name__ for c, _ in SIDE_CORRUPTIONS])
+def test_side_table_corrupted_log_names_the_broken_invariant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], corrupt: Callable[[Lines], Lines], invariant: str
+) -> None:
+    path = write(tmp_path, corrupt(load(SHARED_AWARE)))
+    code, report, _ = run(tmp_path, path, "side-table", capsys)
+    assert_violated(code, report, invariant)
+
+
+def test_side_table_recorded_lru_ranking_out_of_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In the recorded LRU log, reversing a ranking of two or more candidates makes its eviction out of order."""
+    lines = load(SIDE_GOOD)
+    at = next(
+        i
+        for i, line in enumerate(lines)
+        if line.get("event") == "eviction_candidates_ranked" and len(line["candidates"]) > 1
+    )
+    lines[at]["candidates"].reverse()
+    code, report, _ = run(tmp_path, write(tmp_path, lines), "side-table", capsys)
+    assert_violated(code, report, "policy_conformance")
+
+
+def test_side_table_without_header_leaves_pool_checks_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = load(SHARED_AWARE)[1:]
+    code, report, _ = run(tmp_path, write(tmp_path, lines), "side-table", capsys)
+    assert_passed(code, report)
+    rows = {row["name"]: row for row in report["invariants"]}
+    assert rows["policy_conformance"]["verdict"] == "unknown" and "policy" in rows["policy_conformance"]["reason"]
+    assert rows["lifecycle_transitions"]["verdict"] == "held"
+    assert rows["candidates_unreferenced"]["verdict"] == "held"
+
+
+def test_record_side_table_needs_block_granularity(tmp_path: Path) -> None:
+    out = tmp_path / "s.jsonl"
+    assert main(["trace", "record", "--adapter", "lifecycle-sim", "--format", "side-table", "--out", str(out)]) == 2
+    assert main(["trace", "record", "--adapter", "reference", "--format", "side-table", "--out", str(out)]) == 0
+    assert check_trace(out, "side-table").exit_code == 0
+
+
+# -- what every format shares: unknown fields, malformed lines, unreadable files ---------------------
+
+
+def _add_unknown_fields(lines: Lines) -> Lines:
+    for line in lines:
+        line["vendor_extension"] = {"engine": "x", "numbers": [1, 2]}
+        for obj in line.get("observation", {}).get("objects", []):
+            obj["vendor_extension"] = True
+        for cand in line.get("candidates", []):
+            cand["vendor_extension"] = "kept"
+    return lines
+
+
+@pytest.mark.parametrize(("path", "fmt"), [(KVSPEC_GOOD, "kvspec"), (SIDE_GOOD, "side-table")])
+def test_unknown_fields_are_ignored(tmp_path: Path, capsys: pytest.CaptureFixture[str], path: Path, fmt: str) -> None:
+    code, report, _ = run(tmp_path, write(tmp_path, _add_unknown_fields(load(path))), fmt, capsys)
+    assert_passed(code, report)
+
+
+MALFORMED: list[tuple[Path, str, Callable[[list[str]], None]]] = [
+    (KVSPEC_GOOD, "kvspec", lambda text: text.__setitem__(4, text[4][:-7])),
+    (KVSPEC_GOOD, "kvspec", lambda text: text.__setitem__(4, json.dumps({"step": 3, "outcome": {"status": "ok"}}))),
+    (KVSPEC_GOOD, "kvspec", lambda text: text.__setitem__(4, "[1, 2]")),
+    (SIDE_GOOD, "side-table", lambda text: text.__setitem__(4, text[4].replace('"block_id"', '"blk"'))),
+    (SIDE_GOOD, "side-table", lambda text: text.__setitem__(4, json.dumps({"event": "block_teleported", "seq": 4}))),
+    (SIDE_GOOD, "side-table", lambda text: text.__setitem__(4, "{not json")),
+]
+
+
+@pytest.mark.parametrize(("path", "fmt", "corrupt"), MALFORMED)
+def test_malformed_line_exits_2_with_its_line_number(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    path: Path,
+    fmt: str,
+    corrupt: Callable[[list[str]], None],
+) -> None:
+    text = path.read_text().splitlines()
+    corrupt(text)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(text) + "\n")
+    code, report, err = run(tmp_path, bad, fmt, capsys)
+    assert code == 2 and report["status"] == "error"
+    assert report["trace"]["error_line"] == 5
+    assert f"{bad}:5:" in err
+
+
+def test_unreadable_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, err = run(tmp_path, tmp_path / "missing.jsonl", "kvspec", capsys)
+    assert code == 2 and report["status"] == "error" and "cannot read" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["trace", "check", str(empty)]) == 2
+
+
+def test_report_has_the_shape_of_kvspec_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, report, _ = run(tmp_path, SHARED_AWARE, "side-table", capsys)
+    assert set(report) >= {
+        "kvspec_report",
+        "adapter",
+        "adapter_version",
+        "profile",
+        "seed",
+        "started_at",
+        "duration_s",
+        "examples",
+        "steps",
+        "invariants",
+        "findings",
+        "cases",
+    }
+    for row in report["invariants"]:
+        assert set(row) >= {"name", "verdict", "checked_steps", "first_violation"}
