@@ -79,6 +79,11 @@ def register_policies(bench_sub: Any) -> None:
         default="auto",
         help="also replay on vLLM's KVCacheManager and compare hits with the lru reference (auto: if importable)",
     )
+    p.add_argument(
+        "--baseline",
+        default="reference",
+        help="the policy whose per-request hits are compared with vLLM's (default: reference, the lru)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the full results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of hit rate per pool size (needs matplotlib)")
     p.add_argument("--markdown", action="store_true", help="print the tables as markdown")
@@ -144,6 +149,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
             policies,
             args.pool_fractions,
             vllm=use_vllm,
+            baseline=args.baseline,
             progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
         )
     except BenchError as exc:

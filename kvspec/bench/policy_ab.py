@@ -38,7 +38,7 @@ from kvspec.spec import Config, Event, Observation, Op, Outcome
 from .workloads import Workload
 
 SCHEMA = 1
-DEFAULT_FRACTIONS = (0.25, 0.4, 0.6)
+DEFAULT_FRACTIONS = (0.15, 0.25, 0.4, 0.6)
 """Pool sizes as fractions of a workload's footprint (the pool that never evicts)."""
 
 
@@ -321,7 +321,7 @@ def run_ab(
     baseline: str = "reference",
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Every workload x policy x pool size; with ``vllm``, also vLLM, compared with ``baseline``'s hits."""
+    """Every workload x policy x pool size; with ``vllm``, vLLM too, its hits compared per request with ``baseline``."""
     factories = {}
     for name in [*policies, *(["vllm"] if vllm else [])]:
         try:
@@ -337,8 +337,7 @@ def run_ab(
             for name, adapter in adapters.items():
                 run = replay(workload, adapter, capacity, fraction=fraction, policy=name)
                 by_policy[name] = run
-                if name != "vllm":
-                    runs.append(run)
+                runs.append(run)
                 if progress:
                     progress(f"{workload.name} pool={capacity} {name}: hit rate {run.metrics.hit_rate:.3f}")
             if vllm and baseline in by_policy:
@@ -348,7 +347,13 @@ def run_ab(
     vllm_version = adapters["vllm"].capabilities.version if vllm else None
     return {
         "kvspec_policy_ab": SCHEMA,
-        "config": {"policies": list(policies), "pool_fractions": list(fractions), "baseline": baseline},
+        "config": {
+            "policies": list(adapters),
+            "pool_fractions": list(fractions),
+            "baseline": baseline,
+            "refusals": "an admit or append the pool refuses is retried after releasing the oldest other live "
+            "request; with none left it is counted in refused_ops and its request skipped",
+        },
         "workloads": [describe(w) for w in workloads],
         "runs": [run.to_json() for run in runs],
         "vllm": {"ran": vllm, "version": vllm_version, "comparisons": comparisons},
