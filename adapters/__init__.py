@@ -12,6 +12,9 @@ AdapterFactory = Callable[[], Adapter]
 
 BUILTIN: dict[str, str] = {
     "reference": "kvspec.adapters.reference_paged:ReferencePagedAdapter",
+    "reference-score": "kvspec.adapters.reference_paged:ReferenceScoreAdapter",
+    "reference-shared-aware": "kvspec.adapters.reference_paged:ReferenceSharedAwareAdapter",
+    "reference-family-protect": "kvspec.adapters.reference_paged:ReferenceFamilyProtectAdapter",
     "lifecycle-sim": "kvspec.adapters.lifecycle_sim:LifecycleSimAdapter",
     "scheduler-sim": "kvspec.adapters.scheduler_sim:SchedulerSimAdapter",
     "vllm": "kvspec.adapters.vllm_inprocess:VllmAdapter",

@@ -1,4 +1,9 @@
-"""Adapter for the bundled paged prefix cache (reference/paged.py), the default target."""
+"""Adapter for the bundled paged prefix cache (reference/paged.py), the default target.
+
+One adapter per eviction policy of reference/policies.py: each declares the
+matching spec Semantics (exact), so the refinement checks hold the pool's
+evictions to the spec's own order and the policy checks to the declared one.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,34 @@ from collections.abc import Callable
 
 from kvspec.adapters.base import Capabilities
 from kvspec.reference.paged import NoFreeBlocks, PagedPrefixCache
+from kvspec.reference.policies import POLICIES, EvictionPolicy, FamilyProtectPolicy, ScorePolicy
 from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
 
 PoolFactory = Callable[[Config], PagedPrefixCache]
 
 
-def _default_pool(config: Config) -> PagedPrefixCache:
-    return PagedPrefixCache(config.capacity, config.block_size, hit_cap=True)
+def policy_for(semantics: Semantics, config: Config) -> EvictionPolicy:
+    """The reference policy object that implements ``semantics.eviction`` on a pool of ``config``'s shape."""
+    if semantics.eviction == "score":
+        return ScorePolicy(capacity=config.capacity)
+    if semantics.eviction == "family_protect":
+        return FamilyProtectPolicy(protect_min_hits=semantics.protect_min_hits)
+    return POLICIES[semantics.eviction]()
+
+
+def policy_pool(semantics: Semantics) -> PoolFactory:
+    """Pools that run ``semantics``' eviction policy and admission gate."""
+
+    def factory(config: Config) -> PagedPrefixCache:
+        return PagedPrefixCache(
+            config.capacity,
+            config.block_size,
+            hit_cap=semantics.hit_cap,
+            policy=policy_for(semantics, config),
+            admission_anchor_blocks=semantics.admission_anchor_blocks,
+        )
+
+    return factory
 
 
 class ReferencePagedAdapter:
@@ -24,9 +50,9 @@ class ReferencePagedAdapter:
         version="0.1.0",
     )
 
-    def __init__(self, pool_factory: PoolFactory = _default_pool) -> None:
-        self._pool_factory = pool_factory
-        self.pool = pool_factory(Config())
+    def __init__(self, pool_factory: PoolFactory | None = None) -> None:
+        self._pool_factory = pool_factory or policy_pool(self.capabilities.semantics)
+        self.pool = self._pool_factory(Config())
         self._waiting: dict[str, tuple[tuple[int, ...], int]] = {}
         self._prompt_len: dict[str, int] = {}
 
@@ -96,7 +122,9 @@ class ReferencePagedAdapter:
         for req, (tokens, prompt_len) in self._waiting.items():
             requests[req] = RequestView(req, tokens, prompt_len, (), "preempted")
         objects = {
-            b.block_id: ObjectView(b.block_id, 1, tokens_in.get(b.block_id, bs), b.ref_cnt, b.block_hash, b.hit_count)
+            b.block_id: ObjectView(
+                b.block_id, 1, tokens_in.get(b.block_id, bs), b.ref_cnt, b.block_hash, b.hit_count, b.last_used
+            )
             for b in pool.blocks
             if b.ref_cnt or b.block_hash is not None
         }
@@ -109,3 +137,32 @@ class ReferencePagedAdapter:
         out = [Event(kind, block_id, block_hash) for kind, block_id, block_hash in self.pool.evictions]  # type: ignore[arg-type]
         self.pool.evictions.clear()
         return out
+
+
+class ReferenceScoreAdapter(ReferencePagedAdapter):
+    """The paged pool evicting by the scheduler simulator's retention score."""
+
+    name = "reference-score"
+    capabilities = Capabilities(semantics=Semantics(eviction="score"), version="0.1.0")
+
+
+class ReferenceSharedAwareAdapter(ReferencePagedAdapter):
+    """The paged pool evicting by shared_aware's retain score (hits, share degree, branch factor, depth)."""
+
+    name = "reference-shared-aware"
+    capabilities = Capabilities(semantics=Semantics(eviction="shared_aware"), version="0.1.0")
+
+
+ANCHOR_BLOCKS = 1
+"""The admission gate of reference-family-protect. KVFabric's default is 24 blocks; the suite's pools hold
+2-12 blocks, so the gate is set where it acts on every cold prompt of two blocks or more."""
+
+
+class ReferenceFamilyProtectAdapter(ReferencePagedAdapter):
+    """The paged pool under family_protect with the cold-request admission gate on."""
+
+    name = "reference-family-protect"
+    capabilities = Capabilities(
+        semantics=Semantics(eviction="family_protect", protect_min_hits=1, admission_anchor_blocks=ANCHOR_BLOCKS),
+        version="0.1.0",
+    )

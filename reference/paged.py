@@ -4,13 +4,22 @@ Physical blocks carry a ref count and, once full, a chained hash of (parent
 hash, tokens). Unreferenced blocks wait in an LRU free queue; a cached one keeps
 its hash there and is evicted lazily, when it is popped for reuse. A new request
 reuses the longest chain of cached full blocks of its prompt.
+
+Which cached block is evicted is the eviction policy's choice (reference/policies.py):
+``lru`` pops the free queue's head, as vLLM does; any other policy takes uncached
+free blocks first and then evicts the candidate it ranks first. The pool keeps a
+side table per block (hit_count, share_degree, prefix depth, last use, free queue
+sequence; branch factor from its cached children) for the policies and for logs.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
+from typing import Any
+
+from .policies import BlockStats, EvictionPolicy, LRUPolicy
 
 
 class NoFreeBlocks(RuntimeError):
@@ -20,13 +29,29 @@ class NoFreeBlocks(RuntimeError):
 class Block:
     """One physical KV block. ``block_hash`` is set only while it is full and cached."""
 
-    __slots__ = ("block_hash", "block_id", "hit_count", "ref_cnt")
+    __slots__ = (
+        "block_hash",
+        "block_id",
+        "free_seq",
+        "hit_count",
+        "last_used",
+        "parent_hash",
+        "prefix_depth",
+        "ref_cnt",
+        "share_degree",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: bytes | None = None
         self.hit_count = 0
+        # Side table: set when the block is taken, hit, cached or freed.
+        self.share_degree = 0
+        self.last_used = 0
+        self.free_seq = 0
+        self.parent_hash: bytes | None = None
+        self.prefix_depth = 0
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref_cnt={self.ref_cnt}, cached={self.block_hash is not None})"
@@ -55,8 +80,21 @@ class PagedPrefixCache:
     inv: all(b.block_hash == h for h, b in self.cached.items())
     """
 
-    def __init__(self, num_blocks: int, block_size: int, *, hit_cap: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        hit_cap: bool = True,
+        policy: EvictionPolicy | None = None,
+        admission_anchor_blocks: int | None = None,
+    ) -> None:
         """A pool of ``num_blocks`` empty blocks of ``block_size`` tokens.
+
+        policy: the eviction policy (None: lru, the free queue's head).
+        admission_anchor_blocks: a request with no prefix hit caches at most this
+        many of its full blocks, its first ones; the rest stay uncached, to be
+        reused before any cached block is evicted (None: no limit).
 
         The bounds below only keep CrossHair's symbolic pools small; any size works.
 
@@ -75,6 +113,13 @@ class PagedPrefixCache:
         self.req_blocks: dict[str, list[Block]] = {}
         self.req_tokens: dict[str, list[int]] = {}
         self.evictions: list[tuple[str, int, bytes]] = []
+        self.policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
+        self.admission_anchor_blocks = admission_anchor_blocks
+        self.clock = 0  # advances on every allocate and append
+        self.free_seqs = 0  # blocks that ever joined the free queue
+        self.req_cache_limit: dict[str, int | None] = {}
+        self.children: Counter[bytes] = Counter()  # parent hash -> cached blocks chained on it
+        self.lifecycle_log: list[dict[str, Any]] | None = None  # set to a list to record policy events
 
     # -- queries ------------------------------------------------------------------
     def num_free_blocks(self) -> int:
@@ -115,17 +160,67 @@ class PagedPrefixCache:
         return found
 
     # -- block pool -----------------------------------------------------------------
+    def block_stats(self, block: Block) -> BlockStats:
+        """The side table's row for ``block``, as a policy sees it now."""
+        return BlockStats(
+            block_id=block.block_id,
+            block_hash=block.block_hash,
+            hit_count=block.hit_count,
+            share_degree=block.share_degree,
+            branch_factor=self.children[block.block_hash] if block.block_hash is not None else 0,
+            prefix_depth=block.prefix_depth,
+            last_used=block.last_used,
+            free_seq=block.free_seq,
+            clock=self.clock,
+        )
+
+    def _next_victim(self) -> Block:
+        """The free block to take next: the queue head under lru; else an uncached block, else the policy's first."""
+        if self.policy.name == "lru":
+            return next(iter(self.free_queue.values()))
+        for block in self.free_queue.values():
+            if block.block_hash is None:
+                return block
+        ranked = self.policy.order([self.block_stats(b) for b in self.free_queue.values()])
+        if self.lifecycle_log is not None:
+            self.lifecycle_log.append(
+                {
+                    "event": "eviction_candidates_ranked",
+                    "policy": self.policy.name,
+                    "candidates": [[s.block_id, self.policy.retain_score(s)] for s in ranked],
+                }
+            )
+        return self.blocks[ranked[0].block_id]
+
+    def _uncache(self, block: Block) -> None:
+        """Drop ``block``'s hash from the prefix cache and its side table with it."""
+        assert block.block_hash is not None
+        del self.cached[block.block_hash]
+        if block.parent_hash is not None:
+            self.children[block.parent_hash] -= 1
+            if not self.children[block.parent_hash]:
+                del self.children[block.parent_hash]
+        block.block_hash = None
+        block.parent_hash = None
+        block.prefix_depth = 0
+        block.hit_count = 0
+
     def _take_free_blocks(self, n: int) -> list[Block]:
-        """Pop ``n`` blocks from the queue head; a cached one loses its hash (eviction)."""
+        """Take ``n`` free blocks in the policy's order; a cached one loses its hash (eviction)."""
         taken = []
         for _ in range(n):
-            _, block = self.free_queue.popitem(last=False)
+            block = self._next_victim()
+            del self.free_queue[block.block_id]
             if block.block_hash is not None:
-                del self.cached[block.block_hash]
+                if self.lifecycle_log is not None:
+                    stats = self.block_stats(block)
+                    row = {"event": "block_evicted", "block_id": block.block_id, "policy": self.policy.name}
+                    self.lifecycle_log.append({**row, "retain_score": self.policy.retain_score(stats)})
                 self.evictions.append(("evict", block.block_id, block.block_hash))
-                block.block_hash = None
-                block.hit_count = 0
+                self._uncache(block)
             block.ref_cnt = 1
+            block.share_degree = 1
+            block.last_used = self.clock
             taken.append(block)
         return taken
 
@@ -133,10 +228,15 @@ class PagedPrefixCache:
         """Hash the request's full blocks from ``start`` on; an already cached hash stays with its block."""
         blocks, tokens = self.req_blocks[req_id], self.req_tokens[req_id]
         hashes = self.block_hashes(tokens)
-        for i in range(start, len(hashes)):
+        limit = self.req_cache_limit.get(req_id)
+        for i in range(start, len(hashes) if limit is None else min(len(hashes), limit)):
             if hashes[i] not in self.cached:
                 blocks[i].block_hash = hashes[i]
+                blocks[i].parent_hash = hashes[i - 1] if i else None
+                blocks[i].prefix_depth = i + 1
                 self.cached[hashes[i]] = blocks[i]
+                if i:
+                    self.children[hashes[i - 1]] += 1
 
     def _blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -165,13 +265,21 @@ class PagedPrefixCache:
         leaving_queue = sum(1 for b in hit if b.ref_cnt == 0)
         if total - len(hit) + leaving_queue > self.num_free_blocks():
             raise NoFreeBlocks(f"{req_id}: need {total - len(hit)} new blocks")
+        self.clock += 1
         for block in hit:
             if block.ref_cnt == 0:
                 del self.free_queue[block.block_id]
             block.ref_cnt += 1
             block.hit_count += 1
+            block.share_degree = max(block.share_degree, block.ref_cnt)
+            block.last_used = self.clock
         self.req_blocks[req_id] = hit + self._take_free_blocks(total - len(hit))
         self.req_tokens[req_id] = list(tokens)
+        anchor = self.admission_anchor_blocks
+        self.req_cache_limit[req_id] = anchor if anchor is not None and not hit else None
+        held_back = len(tokens) // self.block_size - anchor if anchor is not None and not hit else 0
+        if held_back > 0 and self.lifecycle_log is not None:
+            self.lifecycle_log.append({"event": "cache_admission_limited", "req": req_id, "held_back": held_back})
         self._cache_full_blocks(req_id, len(hit))
         return len(hit) * self.block_size
 
@@ -195,8 +303,10 @@ class PagedPrefixCache:
         if new > self.num_free_blocks():
             raise NoFreeBlocks(f"{req_id}: need {new} new blocks")
         full_before = len(current) // self.block_size
+        self.clock += 1
         blocks.extend(self._take_free_blocks(new))
         current.extend(tokens)
+        blocks[-1].last_used = self.clock
         self._cache_full_blocks(req_id, full_before)
         return new
 
@@ -214,15 +324,16 @@ class PagedPrefixCache:
             raise ValueError(f"unknown request {req_id!r}")
         blocks = self.req_blocks.pop(req_id)
         del self.req_tokens[req_id]
+        self.req_cache_limit.pop(req_id, None)
         for block in reversed(blocks):
             block.ref_cnt -= 1
             if block.ref_cnt:
                 continue
             if block.block_hash is not None and not keep_cached:
-                del self.cached[block.block_hash]
                 self.evictions.append(("reclaim", block.block_id, block.block_hash))
-                block.block_hash = None
-                block.hit_count = 0
+                self._uncache(block)
+            self.free_seqs += 1
+            block.free_seq = self.free_seqs
             self.free_queue[block.block_id] = block
 
     def reset_prefix_cache(self) -> bool:
@@ -236,7 +347,5 @@ class PagedPrefixCache:
         for block in self.blocks:
             if block.block_hash is not None:
                 self.evictions.append(("reclaim", block.block_id, block.block_hash))
-                block.block_hash = None
-                block.hit_count = 0
-        self.cached.clear()
+                self._uncache(block)
         return True

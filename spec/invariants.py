@@ -18,9 +18,12 @@ from typing import Literal
 from .model import Content, Step, validate
 from .observation import Observation
 from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
+from .policies import BLOCK_ORDERS, FEATURES_USED, BlockFeatures, BlockOrder, OrderParams, child_counts, order_key
 
 Problems = list[str] | None
-Kind = Literal["safety", "refinement"]
+Kind = Literal["safety", "refinement", "policy"]
+"""safety: every implementation; refinement: implementations that declare exact semantics; policy: every
+implementation, judged against the eviction order and admission rules it declares (exact or not)."""
 
 
 @dataclass
@@ -35,11 +38,107 @@ class KeyMemory:
 
     content: dict[Hashable, Content] = field(default_factory=dict)
     key_of: dict[Content, Hashable] = field(default_factory=dict)
+    # Block granularity, learned across transitions by ``track`` (the policy checks read them):
+    # the LRU order in which cached blocks reached ref_count 0 (oid -> sequence number, tail block first),
+    free_order: dict[Hashable, int] = field(default_factory=dict)
+    free_seq: int = 0
+    # and each block's peak ref_count since it last left the free pool (its share degree).
+    share_peak: dict[Hashable, int] = field(default_factory=dict)
+    quality: PolicyQuality = field(default_factory=lambda: PolicyQuality())
 
     def content_of(self, key: Hashable, semantics: Semantics) -> Content | None:
         if semantics.granularity != "block":
             return key if isinstance(key, tuple) else None
         return self.content.get(key)
+
+    def track(self, t: Transition) -> None:
+        """Learn from a checked transition what the policy checks need next: LRU order, share degrees, quality.
+
+        Keeps: ``free_order`` holds exactly the cached blocks with ref_count 0 whose
+        release was seen, numbered in the order they were released (a request's
+        tail block first); ``share_peak`` holds every object of ``t.after``.
+        """
+        if t.semantics.granularity != "block":
+            return
+        before, after = t.before, t.after
+        left = {e.oid for e in t.events}
+        for oid, obj in after.objects.items():
+            fresh = oid in left or oid not in before.objects
+            self.share_peak[oid] = obj.ref_count if fresh else max(self.share_peak.get(oid, 0), obj.ref_count)
+        for oid in set(self.share_peak) - set(after.objects):
+            del self.share_peak[oid]
+        for oid in left:
+            self.free_order.pop(oid, None)
+        was = before.requests.get(t.op.req or "")
+        if t.op.op in ("release", "preempt") and t.outcome.status == "ok" and was is not None:
+            for oid in reversed(was.objects):
+                obj = after.objects.get(oid)
+                if obj is not None and obj.ref_count == 0 and obj.key is not None and oid not in self.free_order:
+                    self.free_seq += 1
+                    self.free_order[oid] = self.free_seq
+        for oid in list(self.free_order):
+            obj = after.objects.get(oid)
+            if obj is None or obj.key is None or obj.ref_count:
+                del self.free_order[oid]
+        self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))
+
+
+@dataclass
+class PolicyQuality:
+    """How well an eviction order used the cache: a report, not a safety verdict.
+
+    A cached block whose parent block is no longer cached can never be hit again
+    (a hit walks the chain from its first block), yet it holds a block until it is
+    evicted: an orphan. Counted per step over unreferenced cached blocks.
+    """
+
+    steps: int = 0
+    block_steps: int = 0  # capacity summed over steps
+    orphan_block_steps: int = 0
+    orphans_max: int = 0
+    evictions: int = 0
+    evictions_with_choice: int = 0  # evictions that had more than one candidate
+
+    def add(self, t: Transition, memory: KeyMemory, evictions: int) -> None:
+        self.steps += 1
+        self.block_steps += t.after.capacity
+        self.evictions += evictions
+        self.evictions_with_choice += sum(1 for n in eviction_choices(t) if n > 1)
+        orphans = len(orphaned_blocks(t.after, t.config, t.semantics, memory))
+        self.orphan_block_steps += orphans
+        self.orphans_max = max(self.orphans_max, orphans)
+
+    def merge(self, other: PolicyQuality) -> None:
+        self.steps += other.steps
+        self.block_steps += other.block_steps
+        self.orphan_block_steps += other.orphan_block_steps
+        self.orphans_max = max(self.orphans_max, other.orphans_max)
+        self.evictions += other.evictions
+        self.evictions_with_choice += other.evictions_with_choice
+
+    def to_json(self) -> dict[str, int | float]:
+        return {
+            "steps": self.steps,
+            "evictions": self.evictions,
+            "evictions_with_choice": self.evictions_with_choice,
+            "orphan_block_steps": self.orphan_block_steps,
+            "orphans_max": self.orphans_max,
+            "orphan_capacity_share": round(self.orphan_block_steps / self.block_steps, 6) if self.block_steps else 0.0,
+        }
+
+
+def orphaned_blocks(obs: Observation, config: Config, semantics: Semantics, memory: KeyMemory) -> list[Hashable]:
+    """Unreferenced cached blocks whose parent prefix is not cached: they hold capacity and can never be hit."""
+    if semantics.granularity != "block":
+        return []
+    bs = config.block_size
+    contents = {oid: memory.content_of(o.key, semantics) for oid, o in obs.objects.items() if o.key is not None}
+    cached = {c for c in contents.values() if c is not None}
+    return [
+        oid
+        for oid, c in contents.items()
+        if c is not None and len(c) > bs and c[:-bs] not in cached and obs.objects[oid].ref_count == 0
+    ]
 
 
 @dataclass(frozen=True)
@@ -348,6 +447,209 @@ def predicted_eviction(t: Transition) -> Problems:
     return problems
 
 
+# -- policy: the declared eviction order and admission rules, for every implementation -------------
+
+
+def candidates_unreferenced(t: Transition) -> Problems:
+    """Only unreferenced objects are eviction candidates: each evicted object had ref_count 0 before the step.
+
+    no_active_eviction looks at the blocks other requests read; this also covers
+    the operating request's own blocks (an append that evicts its own prefix).
+    """
+    evicted = [e.oid for e in t.events if e.kind == "evict"]
+    if not evicted:
+        return None
+    refs = t.before.referencing()
+    problems = []
+    for oid in evicted:
+        obj = t.before.objects.get(oid)
+        count = max(obj.ref_count if obj is not None else 0, refs.get(oid, 0))
+        if count:
+            problems.append(f"{t.op} evicted object {oid!r}, which had ref_count {count}")
+    return problems
+
+
+def no_spurious_refusal(t: Transition) -> Problems:
+    """A refused admit, resume or append really lacked room: free + evictable capacity was short of its need.
+
+    Evictable: unreferenced cached objects the operation does not hit itself. Holds
+    for every eviction order, whatever a policy protects.
+    """
+    if t.outcome.status != "refused" or t.op.op not in ("admit", "resume", "append") or _bad_input(t) is not None:
+        return None
+    need, evictable = _room(t)
+    if t.before.free + evictable >= need:
+        return [f"{t.op} was refused with {t.before.free} free + {evictable} evictable >= {need} needed"]
+    return []
+
+
+def _room(t: Transition) -> tuple[int, int]:
+    """(capacity the operation needs, evictable capacity it may take) in state ``t.before``, as the spec counts."""
+    before, op, cfg, sem = t.before, t.op, t.config, t.semantics
+    request = before.requests.get(op.req or "")
+    idle = {oid: o for oid, o in before.objects.items() if o.ref_count == 0 and o.key is not None}
+    if sem.granularity == "block":
+        if op.op == "append":
+            assert request is not None
+            return blocks_for(len(request.tokens) + len(op.tokens), cfg.block_size) - len(request.objects), len(idle)
+        tokens = op.tokens if op.op == "admit" else request.tokens if request is not None else ()
+        hits = _hit_chain(t, tokens)
+        return blocks_for(len(tokens), cfg.block_size) - len(hits), len(set(idle) - set(hits))
+    evictable = sum(o.size for o in idle.values())
+    if op.op == "append" and request is not None and request.objects:
+        rec = before.objects.get(request.objects[0])
+        held = rec.tokens if rec is not None else len(request.tokens)
+        have = rec.size if rec is not None else 0
+        return size_of(held + len(op.tokens), cfg, sem.granularity) - have, evictable
+    tokens = op.tokens if op.op == "admit" else request.tokens[: request.prompt_len] if request is not None else ()
+    if tokens in (before.index or {}):
+        return 0, evictable  # a hit takes no new capacity
+    return size_of(len(tokens), cfg, sem.granularity), evictable
+
+
+def _hit_chain(t: Transition, tokens: Content) -> list[Hashable]:
+    """The cached blocks an admission of ``tokens`` reuses: the longest chain of cached full blocks, hit-capped."""
+    index, bs = t.before.index or {}, t.config.block_size
+    hits: list[Hashable] = []
+    while len(hits) < len(tokens) // bs:
+        key = t.memory.key_of.get(tokens[: (len(hits) + 1) * bs])
+        if key is None or not index.get(key):
+            break
+        hits.append(index[key][0])
+    if t.semantics.hit_cap:
+        hits = hits[: max(len(tokens) - 1, 0) // bs]
+    return hits
+
+
+def _candidates(t: Transition) -> set[Hashable]:
+    """Block granularity: cached blocks with ref_count 0 before the step, less those the step's admission hit."""
+    left = {e.oid for e in t.events}
+    mine = t.after.requests.get(t.op.req or "")
+    hit = set(mine.objects) - left if mine is not None and t.op.op in ("admit", "resume") else set()
+    return {oid for oid, o in t.before.objects.items() if o.ref_count == 0 and o.key is not None and oid not in hit}
+
+
+def eviction_choices(t: Transition) -> list[int]:
+    """Block granularity: how many candidates each eviction of the step chose from, in event order."""
+    if t.semantics.granularity != "block":
+        return []
+    candidates, counts = _candidates(t), []
+    for e in t.events:
+        if e.kind == "evict":
+            counts.append(len(candidates))
+            candidates.discard(e.oid)
+    return counts
+
+
+def _blocks_taken(t: Transition) -> int:
+    """Blocks the operating request took from the free pool (new blocks, not hits)."""
+    mine, was = t.after.requests.get(t.op.req or ""), t.before.requests.get(t.op.req or "")
+    if mine is None:
+        return 0
+    if t.op.op == "append":
+        return len(mine.objects) - (len(was.objects) if was is not None else 0)
+    left = {e.oid for e in t.events}
+    hits = [
+        oid
+        for oid in mine.objects
+        if oid in t.before.objects and oid not in left and t.before.objects[oid].key is not None
+    ]
+    return len(mine.objects) - len(hits)
+
+
+def _observed_features(t: Transition, order: BlockOrder) -> dict[Hashable, BlockFeatures] | None:
+    """The features ``order`` reads of every candidate, from the observation and KeyMemory; None if unobservable.
+
+    branch_factor is left 0 here: it changes as blocks are evicted, see policy_conformance.
+    """
+    before, memory, bs = t.before, t.memory, t.config.block_size
+    need = FEATURES_USED[order]
+    out = {}
+    for oid in _candidates(t):
+        o = before.objects[oid]
+        pos, share = memory.free_order.get(oid), memory.share_peak.get(oid)
+        content = memory.content_of(o.key, t.semantics)
+        if (
+            pos is None
+            or ("hits" in need and o.hits is None)
+            or ("last_used" in need and o.last_used is None)
+            or ("share_degree" in need and share is None)
+            or ("prefix_depth" in need and content is None)
+        ):
+            return None
+        out[oid] = BlockFeatures(
+            hits=o.hits or 0,
+            share_degree=share or 0,
+            branch_factor=0,
+            prefix_depth=len(content) // bs if content is not None else 0,
+            last_used=o.last_used or 0,
+            free_pos=pos,
+        )
+    return out
+
+
+def policy_conformance(t: Transition) -> Problems:
+    """Each evicted block is the first of the declared eviction order among the candidates left at that moment.
+
+    The order is computed from what the checker observes (ObjectView hits and
+    last_used, the LRU release order and share degrees it tracked itself, the
+    cached keys' contents); unknown when a feature the order reads is not
+    observable. Every order but lru also takes uncached free blocks before it
+    evicts any cached one.
+    """
+    sem = t.semantics
+    evicted = [e.oid for e in t.events if e.kind == "evict"]
+    if sem.granularity != "block" or sem.eviction not in BLOCK_ORDERS or not evicted:
+        return None
+    order: BlockOrder = sem.eviction  # type: ignore[assignment]
+    problems = []
+    if order != "lru":
+        taken, uncached = _blocks_taken(t), t.before.free
+        if len(evicted) > max(0, taken - uncached):
+            problems.append(
+                f"{t.op} evicted {len(evicted)} cached block(s) for {taken} new block(s) "
+                f"while {uncached} uncached free block(s) were available"
+            )
+    features = _observed_features(t, order)
+    if features is None:
+        return problems or None
+    contents = {oid: t.memory.content_of(o.key, sem) for oid, o in t.before.objects.items() if o.key is not None}
+    cached = {oid: c for oid, c in contents.items() if c is not None}
+    if "branch_factor" in FEATURES_USED[order] and len(cached) < len(contents):
+        return problems or None  # a cached key of unknown content: its parent's branch factor is unknown
+    params = OrderParams(
+        clock=max((f.last_used for f in features.values()), default=0),
+        capacity=t.config.capacity,
+        protect_min_hits=sem.protect_min_hits,
+    )
+    bs = t.config.block_size
+    for oid in evicted:
+        if oid not in features:
+            problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
+            continue
+        children = child_counts(cached.values(), bs)
+        ranked = {
+            c: BlockFeatures(f.hits, f.share_degree, children[cached[c]], f.prefix_depth, f.last_used, f.free_pos)
+            if c in cached
+            else f
+            for c, f in features.items()
+        }
+        keys = {c: order_key(order, f, params) for c, f in ranked.items()}
+        first = min(keys, key=keys.__getitem__)
+        if first != oid:
+            problems.append(
+                f"{t.op} evicted block {oid!r} (rank key {_fmt(keys[oid])}) but {order} ranks "
+                f"block {first!r} (rank key {_fmt(keys[first])}) first"
+            )
+        del features[oid]
+        cached.pop(oid, None)
+    return problems
+
+
+def _fmt(key: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{x:.4g}" for x in key) + ")"
+
+
 def _short(contents: object) -> str:
     text = repr(contents)
     return text if len(text) < 160 else text[:157] + "..."
@@ -369,6 +671,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant("predicted_eviction", "refinement", predicted_eviction),
     Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),
     Invariant("predicted_free_capacity", "refinement", predicted_free_capacity),
+    # Policy checks come last, so that adding them changed no existing counterexample's first name.
+    Invariant("candidates_unreferenced", "policy", candidates_unreferenced),
+    Invariant("no_spurious_refusal", "policy", no_spurious_refusal),
+    Invariant("policy_conformance", "policy", policy_conformance),
 )
 
 ADAPTER_CONTRACT = "adapter_contract"
@@ -378,5 +684,10 @@ INVARIANT_NAMES: tuple[str, ...] = (*(i.name for i in INVARIANTS), ADAPTER_CONTR
 
 
 def check_transition(t: Transition) -> dict[str, Problems]:
-    """Run every invariant on one transition: name -> None (not applicable) or problems."""
-    return {inv.name: inv.check(t) for inv in INVARIANTS}
+    """Run every invariant on one transition: name -> None (not applicable) or problems.
+
+    Afterwards ``t.memory`` learns what the next transition's policy checks need.
+    """
+    results = {inv.name: inv.check(t) for inv in INVARIANTS}
+    t.memory.track(t)
+    return results

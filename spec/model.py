@@ -15,18 +15,11 @@ from dataclasses import dataclass, field
 
 from .observation import ObjectView, Observation, RequestView
 from .ops import Config, Op, Outcome, Semantics, SpecError, blocks_for, size_of
+from .policies import BlockFeatures, OrderParams, child_counts, prefix_depth, retention_score, victim
+
+__all__ = ["Content", "LedgerModel", "Step", "retention_score", "validate"]
 
 Content = tuple[int, ...]
-
-
-def retention_score(hits: int, size: int, age: int, capacity: int) -> float:
-    """Retention score of an entry: reuse bonus + recency bonus - size penalty.
-
-    More hits never lower it, a more recent access never lowers it, a larger
-    size never raises it.
-    """
-    recency = 1.0 / (1.0 + max(age, 0))
-    return float(hits) + 0.5 * recency - 0.25 * (size / max(capacity, 1))
 
 
 def validate(op: Op, obs: Observation, config: Config, semantics: Semantics) -> None:
@@ -90,6 +83,7 @@ class _Object:
     hits: int = 0
     last_used: int = 0
     priority: float = 0.0
+    share_degree: int = 0  # block granularity: peak ref_count since the block left the free queue
 
 
 @dataclass
@@ -98,6 +92,7 @@ class _Request:
     prompt_len: int
     objects: list[object] = field(default_factory=list)
     state: str = "running"
+    cache_limit: int | None = None  # the admission gate: full blocks from this position on stay uncached
 
 
 @dataclass(frozen=True)
@@ -211,23 +206,68 @@ class LedgerModel:
             self.duplicates.pop(key, None)
 
     def _pop_free(self, n: int) -> list[int]:
-        """Take ``n`` slots from the head of the free queue, evicting cached ones."""
+        """Take ``n`` slots from the free queue, evicting cached ones.
+
+        lru pops the head, cached or not. Every other order takes the first
+        uncached slot while there is one, and only then evicts the cached slot
+        its order ranks first among all cached ones in the queue.
+        """
         taken = []
         for _ in range(n):
-            sid, _ = self.free_queue.popitem(last=False)
+            if self.semantics.eviction == "lru":
+                sid, _ = self.free_queue.popitem(last=False)
+            else:
+                sid = next((s for s in self.free_queue if self.slots[s].key is None), None)
+                if sid is None:
+                    sid = self._policy_victim()
+                del self.free_queue[sid]
             slot = self.slots[sid]
             if slot.key is not None:
                 self._unindex(slot.key, sid)
                 self._evicted.append(slot.key)
                 self._evicted_slots.append(sid)
-            self.slots[sid] = _Object(ref_count=1, last_used=self.clock)
+            self.slots[sid] = _Object(ref_count=1, last_used=self.clock, share_degree=1)
             taken.append(sid)
         return taken
 
-    def _cache_full_blocks(self, request: _Request, start: int) -> None:
-        """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys)."""
+    def block_features(self) -> dict[int, BlockFeatures]:
+        """The features of every cached slot in the free queue: the eviction candidates, by slot."""
         bs = self.config.block_size
-        for i in range(start, len(request.tokens) // bs):
+        children = child_counts((k for k in self.index if isinstance(k, tuple)), bs)
+        features = {}
+        for pos, sid in enumerate(self.free_queue):
+            slot = self.slots[sid]
+            if slot.key is None:
+                continue
+            features[sid] = BlockFeatures(
+                hits=slot.hits,
+                share_degree=slot.share_degree,
+                branch_factor=children[slot.key],
+                prefix_depth=prefix_depth(slot.key, bs),
+                last_used=slot.last_used,
+                free_pos=pos,
+            )
+        return features
+
+    def _policy_victim(self) -> int:
+        """The cached slot in the free queue that the declared order evicts first."""
+        order = self.semantics.eviction
+        assert order in ("score", "shared_aware", "family_protect")
+        params = OrderParams(self.clock, self.config.capacity, self.semantics.protect_min_hits)
+        sid = victim(order, dict(self.block_features()), params)
+        assert isinstance(sid, int)
+        return sid
+
+    def _cache_full_blocks(self, request: _Request, start: int) -> None:
+        """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys).
+
+        Blocks at or past the request's cache_limit (the admission gate) stay uncached.
+        """
+        bs = self.config.block_size
+        full = len(request.tokens) // bs
+        if request.cache_limit is not None:
+            full = min(full, request.cache_limit)
+        for i in range(start, full):
             key = self._prefix(request.tokens, i)
             sid = request.objects[i]
             assert isinstance(sid, int)
@@ -264,6 +304,9 @@ class LedgerModel:
             slot.ref_count += 1
             slot.hits += 1
             slot.last_used = self.clock
+            slot.share_degree = max(slot.share_degree, slot.ref_count)
+        anchor = self.semantics.admission_anchor_blocks
+        request.cache_limit = anchor if anchor is not None and hit_blocks == 0 else None
         request.objects = list(hits) + list(self._pop_free(need))
         request.state = "running"
         self.requests[rid] = request

@@ -13,7 +13,7 @@ from typing import Any, Literal
 Granularity = Literal["block", "record", "entry"]
 OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
 Status = Literal["ok", "refused", "invalid"]
-EvictionOrder = Literal["lru", "lifecycle", "score"]
+EvictionOrder = Literal["lru", "lifecycle", "score", "shared_aware", "family_protect"]
 DuplicateKeys = Literal["unkeyed", "indexed"]
 FreeUncached = Literal["tail", "head"]
 
@@ -61,6 +61,9 @@ class Semantics:
       queue (released blocks join the tail, tail blocks of a request first; the
       head is popped, cached or not); ``lifecycle`` is lowest (hits, last_used,
       -size) first; ``score`` is lowest retention score, then oldest, first.
+      At block granularity ``score``, ``shared_aware`` and ``family_protect``
+      rank the cached blocks with ref_count 0 (spec.policies, docs/policies.md)
+      and take uncached free blocks before evicting any.
     hit_cap: a prefix hit leaves at least one prompt token to compute (vLLM).
     reset_requires_idle: reset_cache is refused while any object is referenced.
     duplicate_keys: a block that becomes full while its key is already cached by
@@ -71,6 +74,11 @@ class Semantics:
     free_uncached: where a released block that holds no cached key joins the free
       queue: ``tail`` like every other block, or ``head``, so that it is reused
       before any cached block is evicted (vLLM >= 0.24). Block granularity only.
+    protect_min_hits: family_protect defers candidates with at least this many hits.
+    admission_anchor_blocks: the cache-admission gate. A cold request (no prefix
+      hit) caches at most this many of its full blocks, its first ones; the rest
+      stay uncached, so they are reused before any cached block is evicted and
+      never push a protected family out. It never refuses anything. None: off.
     exact: the implementation claims these semantics exactly, so the spec's
       predictions (free capacity, hits, admission, evicted object) must match.
     """
@@ -82,6 +90,14 @@ class Semantics:
     exact: bool = True
     duplicate_keys: DuplicateKeys = "unkeyed"
     free_uncached: FreeUncached = "tail"
+    protect_min_hits: int = 1
+    admission_anchor_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.protect_min_hits < 0:
+            raise SpecError("protect_min_hits must not be negative")
+        if self.admission_anchor_blocks is not None and self.admission_anchor_blocks < 0:
+            raise SpecError("admission_anchor_blocks must not be negative")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,6 +108,8 @@ class Semantics:
             "exact": self.exact,
             "duplicate_keys": self.duplicate_keys,
             "free_uncached": self.free_uncached,
+            "protect_min_hits": self.protect_min_hits,
+            "admission_anchor_blocks": self.admission_anchor_blocks,
         }
 
 

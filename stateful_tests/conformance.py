@@ -24,7 +24,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.base import Adapter
 from kvspec.spec import INVARIANTS, Config, Op
-from kvspec.spec.invariants import ADAPTER_CONTRACT
+from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
@@ -167,7 +167,7 @@ class Result:
 def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
     """Invariants that can be judged for this adapter (refinement needs declared exact semantics)."""
     exact = adapter.capabilities.semantics.exact and refine
-    return frozenset(inv.name for inv in INVARIANTS if inv.kind == "safety" or exact) | {ADAPTER_CONTRACT}
+    return frozenset(inv.name for inv in INVARIANTS if inv.kind != "refinement" or exact) | {ADAPTER_CONTRACT}
 
 
 def replay_ops(
@@ -204,6 +204,7 @@ def run_check(
     started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     tally = Tally()
+    quality = PolicyQuality()
     result = Result(name, "", profile.name, seed, started, tally)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvspec-adapter")
     adapter: Adapter | None = None
@@ -222,6 +223,7 @@ def run_check(
         )
         if progress is not None:
             machine = _with_progress(machine, tally, progress)
+        machine = _with_quality(machine, quality)
         run_settings = settings(
             max_examples=max_examples or profile.max_examples,
             stateful_step_count=profile.step_count,
@@ -263,6 +265,8 @@ def run_check(
         result.status = "error"
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
+        if quality.steps and adapter is not None:
+            result.findings.append(_quality_finding(adapter, quality))
         executor.shutdown(wait=False, cancel_futures=True)
         if adapter is not None:
             try:
@@ -348,6 +352,32 @@ def minimize_ops(
         else:
             i += 1
     return best, best_violation
+
+
+def _with_quality(machine: type, quality: PolicyQuality) -> type:
+    """Wrap the machine so that each example's policy-quality counts add up into ``quality``."""
+
+    class WithQuality(machine):  # type: ignore[misc]
+        def teardown(self) -> None:
+            harness = getattr(self, "harness", None)
+            if harness is not None:
+                quality.merge(harness.memory.quality)
+            super().teardown()
+
+    WithQuality.__name__ = machine.__name__
+    return WithQuality
+
+
+def _quality_finding(adapter: Adapter, quality: PolicyQuality) -> dict[str, Any]:
+    """The policy-quality report: orphaned cached blocks (never hit again) and the capacity they held."""
+    data = quality.to_json()
+    eviction = adapter.capabilities.semantics.eviction
+    message = (
+        f"eviction {eviction}: {data['evictions']} evictions, {data['evictions_with_choice']} with a choice; "
+        f"orphaned cached blocks held {data['orphan_capacity_share']:.2%} of capacity over "
+        f"{data['steps']} steps (at most {data['orphans_max']} at once)"
+    )
+    return {"kind": "policy_quality", "eviction": eviction, "message": message, **data}
 
 
 def _with_progress(machine: type, tally: Tally, progress: Callable[[Tally], None]) -> type:
