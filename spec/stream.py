@@ -397,6 +397,15 @@ class StreamLedger:
                 f"cached prefix ranged over [{low}, {high}] tokens",
             )
 
+    def reset(self) -> None:
+        """The client's reset of the prefix cache succeeded: the engine's index is empty from now on.
+
+        The engine publishes its AllBlocksCleared only at its next step (with the next request's
+        events), so the ledger clears at the moment the reset returned.
+        """
+        self.result.seen["resets"] += 1
+        self._cleared()
+
     def snapshot(self, metrics: MetricSnapshot) -> None:
         """Gauges read while nothing was in flight must show an empty pool in use."""
         r = self.result
@@ -430,8 +439,9 @@ def check_stream(
     block_size: int,
     usable_blocks: int | None = None,
     published_hash: PublishedHash | None = None,
+    resets: Sequence[float] = (),
 ) -> StreamResult:
-    """Check a recorded stream: batches in the order received, requests and gauges placed by time.
+    """Check a recorded stream: batches in the order received; requests, gauges, resets placed by time.
 
     A request's start (finish) is applied before the first batch whose ``ts`` is not earlier than
     its ``started`` (``finished``); the batch order itself is kept as received, so a reordering
@@ -445,6 +455,7 @@ def check_stream(
     for q in requests:
         actions += [(q.finished, 0, "finish", q), (q.started, 1, "start", q)]
     actions += [(s.ts, 2, "snapshot", s) for s in snapshots]
+    actions += [(ts, 3, "reset", None) for ts in resets]
     actions.sort(key=lambda a: (a[0], a[1]))
 
     def alone(q: RequestRecord) -> bool:
@@ -461,6 +472,8 @@ def check_stream(
                 ledger.start(item, alone(item))
             elif kind == "finish":
                 ledger.finish(item)
+            elif kind == "reset":
+                ledger.reset()
             else:
                 ledger.snapshot(item)
             upcoming = next(pending, None)

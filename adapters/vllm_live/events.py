@@ -15,7 +15,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
 
 END_OF_REPLAY = -1
@@ -166,8 +165,3 @@ class EventSubscriber:
             self._thread.join(timeout=2)
         self._sub.close()
         self._ctx.term()
-
-
-def load_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSONL log, one JSON object a line (blank lines skipped)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

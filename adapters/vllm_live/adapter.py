@@ -1,0 +1,266 @@
+"""The ``vllm-live`` adapter: spec requests become completions on a running vLLM server.
+
+A black box has no block ids and no ref counts, and one completion is admit, decode and release
+in one: so this adapter does not implement the ledger harness's ``apply``/``observe``. It is a
+*live* adapter (``live = True``): it sends token-id prompts with a fixed number of generated
+tokens (``ignore_eos``), sequentially (exact mode) or concurrently (load mode), and records what
+the outside shows - the KV event batches, each request's ``cached_tokens`` and output tokens, the
+gauges of /metrics, the resets - as the records of :mod:`.recorded`. The checks are the spec's
+(:mod:`kvspec.spec.stream`), run over those records by :func:`.recorded.check_recorded`.
+
+It starts the kit's :class:`.server.TinyServer` unless given a ``url`` (then ``events`` and
+``replay`` name the server's ZMQ endpoints, if it publishes any).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from kvspec.spec.stream import StreamResult
+
+from .events import EventSubscriber
+from .hashing import DEFAULT_NONE_HASH_SEED
+from .metrics import Metrics, read_metrics
+from .recorded import Recorder, check_recorded
+from .server import Endpoints, ServerConfig, TinyServer
+
+REQUEST_TIMEOUT_S = 300.0
+
+
+class LiveError(RuntimeError):
+    """The server answered something the adapter cannot use (not a verdict: the check cannot run)."""
+
+
+@dataclass(frozen=True)
+class LiveCapabilities:
+    """What a live adapter offers the live runner."""
+
+    can_reset: bool
+    has_events: bool
+    block_size: int
+    num_gpu_blocks: int | None
+    max_model_len: int
+    vocab_size: int
+    version: str
+
+
+class VllmLiveAdapter:
+    """Drives one vLLM server through completions requests and records what it shows."""
+
+    name = "vllm-live"
+    live = True
+
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        events: str | None = None,
+        replay: str | None = None,
+        record: Path | None = None,
+        server_config: ServerConfig | None = None,
+        none_hash_seed: str = DEFAULT_NONE_HASH_SEED,
+    ) -> None:
+        self._url, self._events, self._replay = url, events, replay
+        self._record_path = record
+        self._server_config = server_config or ServerConfig()
+        self._none_hash_seed = none_hash_seed
+        self.server: TinyServer | None = None
+        self.endpoints: Endpoints | None = None
+        self.subscriber: EventSubscriber | None = None
+        self._sink: TextIO | None = None
+        self.recorder = Recorder()
+        self.capabilities: LiveCapabilities | None = None
+        self.startup_s: float | None = None
+        self._ids = itertools.count(1)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> LiveCapabilities:
+        """Start the tiny server (or attach to ``url``), subscribe to its events, read its cache shape."""
+        if self._record_path is not None:
+            self._record_path.parent.mkdir(parents=True, exist_ok=True)
+            self._sink = self._record_path.open("w")
+            self.recorder = Recorder(self._sink)
+        if self._url is None:
+            self.server = TinyServer(self._server_config)
+            self.endpoints = self.server.start()
+            self.startup_s = self.server.startup_s
+        else:
+            self.endpoints = Endpoints(self._url.rstrip("/"), self._events, self._replay, model=self._model_name())
+        ep = self.endpoints
+        if ep.events is not None:
+            own = self.server is not None  # our server: expect seq 0 first, replay what a late join missed
+            self.subscriber = EventSubscriber(
+                ep.events,
+                ep.replay,
+                topic=ep.topic if own else "",
+                start_seq=0 if own else None,
+                on_batch=self.recorder.add,
+            ).start()
+        metrics = read_metrics(ep.url)
+        block_size = metrics.block_size
+        if block_size is None:
+            raise LiveError("vllm:cache_config_info gives no block_size: is this a vLLM server?")
+        models = self._get_json("/v1/models")["data"]
+        max_model_len = int(models[0].get("max_model_len") or self._server_config.max_model_len)
+        vocab = int(self.server.model_config["vocab_size"]) if self.server else 1024
+        self.capabilities = LiveCapabilities(
+            can_reset=self._probe_reset(),
+            has_events=self.subscriber is not None,
+            block_size=block_size,
+            num_gpu_blocks=metrics.num_gpu_blocks,
+            max_model_len=max_model_len,
+            vocab_size=vocab,
+            version=self._version(),
+        )
+        self.recorder.add(
+            {
+                "config": {
+                    "block_size": block_size,
+                    "num_gpu_blocks": metrics.num_gpu_blocks,
+                    "hash_algo": metrics.hash_algo,
+                    "none_hash_seed": self._none_hash_seed,
+                    "url": ep.url,
+                    "events": ep.events,
+                    "vllm": self.capabilities.version,
+                    "startup_s": self.startup_s,
+                }
+            }
+        )
+        self.snapshot(idle=True)
+        return self.capabilities
+
+    def close(self) -> None:
+        """Stop the subscriber and the server (if the kit started it); close the record file."""
+        if self.subscriber is not None:
+            self.subscriber.close()
+            self.subscriber = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
+
+    def __enter__(self) -> VllmLiveAdapter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- HTTP ----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self.endpoints is None:
+            raise LiveError("the adapter is not started")
+        return self.endpoints.url
+
+    def _get_json(self, path: str) -> Any:
+        base = self.endpoints.url if self.endpoints else (self._url or "").rstrip("/")
+        with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
+            return json.loads(response.read())
+
+    def _post_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body or {}).encode()
+        request = urllib.request.Request(
+            f"{self.url}{path}", data=data, headers={"Content-Type": "application/json"}, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            text = response.read()
+        return json.loads(text) if text.strip() else {}
+
+    def _model_name(self) -> str:
+        return str(self._get_json("/v1/models")["data"][0]["id"])
+
+    def _version(self) -> str:
+        try:
+            return str(self._get_json("/version").get("version", ""))
+        except (urllib.error.URLError, OSError, ValueError):
+            return ""
+
+    def _probe_reset(self) -> bool:
+        """Whether POST /reset_prefix_cache exists (the server runs with VLLM_SERVER_DEV_MODE=1)."""
+        try:
+            return self.reset_cache()
+        except urllib.error.HTTPError:
+            return False
+
+    # -- what the runner drives -------------------------------------------------------
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, mode: str = "exact") -> dict[str, Any]:
+        """One completion of ``prompt`` (token ids) generating exactly ``max_tokens``; its request record."""
+        rid = f"{mode}-{next(self._ids)}"
+        body = {
+            "model": self.endpoints.model if self.endpoints else "",
+            "prompt": list(prompt),
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        started = time.time()
+        reply = self._post_json("/v1/completions", body)
+        finished = time.time()
+        choice = reply["choices"][0]
+        details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
+        output = choice.get("token_ids")
+        record = {
+            "id": rid,
+            "prompt_token_ids": list(prompt),
+            "output_token_ids": None if output is None else list(output),
+            "cached_tokens": details.get("cached_tokens"),
+            "started": started,
+            "finished": finished,
+            "mode": mode,
+        }
+        if mode == "exact":
+            record["preempted"] = False  # alone, and it fits the pool: nothing can preempt it
+        self.recorder.add({"request": record})
+        return record
+
+    def complete_many(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int, *, concurrency: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Send ``prompts`` at once (load mode) from ``concurrency`` threads; their request records."""
+        workers = concurrency or len(prompts)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvspec-live") as pool:
+            futures = [pool.submit(self.complete, p, max_tokens, mode="load") for p in prompts]
+            return [f.result() for f in futures]
+
+    def reset_cache(self) -> bool:
+        """POST /reset_prefix_cache; recorded; True when the server emptied its prefix cache."""
+        reply = self._post_json("/reset_prefix_cache")
+        success = bool(reply.get("success", True)) if isinstance(reply, dict) else True
+        self.recorder.add({"reset": {"ts": time.time(), "success": success}})
+        return success
+
+    def snapshot(self, idle: bool) -> Metrics:
+        """Read /metrics and record the gauges (``idle``: nothing is in flight now)."""
+        ts = time.time()
+        metrics = read_metrics(self.url)
+        self.recorder.add({"metrics": metrics.snapshot(ts, idle)})
+        return metrics
+
+    def settle(self, quiet_s: float = 0.3) -> None:
+        """Wait until the event stream has been quiet for ``quiet_s`` (every step's batch is in)."""
+        if self.subscriber is not None:
+            self.subscriber.wait_quiet(quiet_s)
+
+    def check(self) -> StreamResult:
+        """Run the stream checks over everything recorded so far."""
+        return check_recorded(list(self.recorder.records))
+
+    @property
+    def gaps(self) -> list[tuple[int, int]]:
+        return list(self.subscriber.gaps) if self.subscriber else []

@@ -1,0 +1,349 @@
+"""Live conformance: drive a running vLLM server and judge its event stream with the spec's stream checks.
+
+Two modes, each a driver that records what the server shows (:mod:`kvspec.adapters.vllm_live`):
+
+- exact: sequential completions built to share prefixes - cold prompts, a family member that keeps
+  some whole blocks of an earlier prompt, a fork at an unaligned token, an exact repeat, a
+  continuation of an earlier prompt and its output, and cache resets. Each request is sent after
+  the previous one's response, so the spec predicts its ``cached_tokens`` exactly from the blocks
+  cached at its admission (``predicted_cached_tokens``);
+- load: concurrent bursts - one that shares a prefix, one sized to exhaust the pool and force
+  preemptions - judged against bounds (``cached_tokens_within_bounds``), with
+  ``vllm:num_preemptions_total`` read before and after.
+
+The driver is a seeded random one, not a Hypothesis state machine: a live server's step timing
+(and so its event batching) is not reproducible, so replay-based shrinking would chase a moving
+target; the counterexample is instead the recorded log, which :func:`check_recorded` re-checks
+offline, deterministically. Exit codes and the report follow ``kvspec check``'s contract.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kvspec.adapters.vllm_live.adapter import LiveCapabilities, VllmLiveAdapter
+from kvspec.adapters.vllm_live.server import ServerStartError
+from kvspec.spec.stream import STREAM_INVARIANTS, StreamResult
+
+from .conformance import REPORT_SCHEMA
+
+MODES = ("exact", "load", "both")
+FIRST_TOKEN = 3  # 0-2 are the tokenizer's unk, bos, eos
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Concurrent requests: ``shared`` leading tokens common to all prompts (0: all distinct)."""
+
+    name: str
+    requests: int
+    prompt_tokens: int
+    max_tokens: int
+    shared: int = 0
+
+
+@dataclass(frozen=True)
+class LiveProfile:
+    name: str
+    exact_requests: int
+    bursts: tuple[Burst, ...]
+    max_new_tokens: int = 40
+
+
+# On the tiny CPU server (63 usable blocks of 32 tokens, 8 sequences), "pressure" preempts.
+LIVE_PROFILES: dict[str, LiveProfile] = {
+    "ci": LiveProfile(
+        "ci",
+        exact_requests=80,
+        bursts=(Burst("shared-prefix", 6, 160, 24, shared=96), Burst("pressure", 8, 200, 250)),
+    ),
+    "thorough": LiveProfile(
+        "thorough",
+        exact_requests=500,
+        bursts=(
+            Burst("shared-prefix", 8, 200, 32, shared=128),
+            Burst("pressure", 8, 200, 250),
+            Burst("shared-pressure", 8, 224, 250, shared=96),
+            Burst("pressure-long", 8, 256, 250),
+        ),
+    ),
+}
+
+
+@dataclass
+class LiveResult:
+    """A live check's outcome, with the report contract of ``kvspec check`` (exit codes 0, 1, 2)."""
+
+    adapter: str
+    profile: str
+    seed: int
+    mode: str
+    started_at: str
+    adapter_version: str = ""
+    duration_s: float = 0.0
+    status: str = "passed"  # passed | violated | error | interrupted
+    error: str = ""
+    stream: StreamResult | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    cases: list[str] = field(default_factory=list)
+    coverage: Counter[str] = field(default_factory=Counter)
+    live: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        if self.status == "violated":
+            return 1
+        return 2 if self.status in ("error", "interrupted") else 0
+
+    def verdicts(self) -> list[dict[str, Any]]:
+        if self.stream is not None:
+            return self.stream.verdicts()
+        return [
+            {"name": name, "kind": kind, "verdict": "unknown", "checked_steps": 0, "first_violation": None}
+            for name, kind in STREAM_INVARIANTS
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        seen = self.stream.seen if self.stream else Counter()
+        return {
+            "kvspec_report": REPORT_SCHEMA,
+            "adapter": self.adapter,
+            "adapter_version": self.adapter_version,
+            "profile": self.profile,
+            "seed": self.seed,
+            "started_at": self.started_at,
+            "duration_s": round(self.duration_s, 3),
+            "examples": seen.get("requests", 0),
+            "steps": seen.get("events", 0),
+            "status": self.status,
+            "error": self.error,
+            "invariants": self.verdicts(),
+            "coverage": dict(sorted(self.coverage.items())),
+            "findings": self.findings,
+            "cases": self.cases,
+            "live": {"mode": self.mode, **self.live, "seen": dict(sorted(seen.items()))},
+        }
+
+
+# -- exact mode -------------------------------------------------------------------------
+
+
+class ExactDriver:
+    """Sequential prompts that share prefixes with earlier ones in every way the block cache distinguishes."""
+
+    OPS = ("cold", "family", "fork", "repeat", "continue", "reset")
+
+    def __init__(self, adapter: VllmLiveAdapter, caps: LiveCapabilities, rng: random.Random, max_new: int) -> None:
+        self.adapter, self.caps, self.rng, self.max_new = adapter, caps, rng, max_new
+        self.history: list[tuple[list[int], list[int]]] = []  # (prompt, output)
+        self.coverage: Counter[str] = Counter()
+
+    def _tokens(self, n: int) -> list[int]:
+        return [self.rng.randrange(FIRST_TOKEN, self.caps.vocab_size) for _ in range(n)]
+
+    def _length(self, most: int) -> int:
+        """A prompt length up to ``most``: often a whole number of blocks (where the hit cap bites)."""
+        bs = self.caps.block_size
+        if most >= bs and self.rng.random() < 0.4:
+            return bs * self.rng.randint(1, most // bs)
+        return self.rng.randint(1, most)
+
+    def _prompt(self, op: str, budget: int) -> list[int]:
+        bs, rng = self.caps.block_size, self.rng
+        if op == "cold" or not self.history:
+            return self._tokens(self._length(budget))
+        prompt, output = rng.choice(self.history)
+        if op == "repeat":
+            return prompt[:budget]
+        if op == "continue":
+            base = (prompt + output)[:budget]
+            return base + self._tokens(rng.randint(0, budget - len(base)))
+        if op == "family":
+            keep = bs * rng.randint(0, min(len(prompt), budget) // bs)
+        else:  # fork: at an unaligned token
+            keep = rng.randint(1, max(1, min(len(prompt), budget) - 1))
+        return prompt[:keep] + self._tokens(max(1, self._length(budget - keep)) if budget > keep else 0)
+
+    def step(self) -> None:
+        op = self.rng.choices(self.OPS, weights=(3, 3, 2, 2, 2, 1 if self.caps.can_reset else 0))[0]
+        self.coverage[f"exact {op}"] += 1
+        if op == "reset":
+            self.adapter.reset_cache()
+            return
+        max_tokens = self.rng.randint(1, self.max_new)
+        prompt = self._prompt(op, self.caps.max_model_len - max_tokens)
+        record = self.adapter.complete(prompt, max_tokens, mode="exact")
+        self.history.append((prompt, list(record.get("output_token_ids") or [])))
+        if record.get("cached_tokens"):
+            self.coverage["exact hits"] += 1
+
+
+def run_exact(
+    adapter: VllmLiveAdapter, caps: LiveCapabilities, profile: LiveProfile, rng: random.Random
+) -> Counter[str]:
+    """Send ``profile.exact_requests`` sequential requests; read the gauges (idle) every ten."""
+    driver = ExactDriver(adapter, caps, rng, profile.max_new_tokens)
+    for i in range(profile.exact_requests):
+        driver.step()
+        if i % 10 == 9:
+            adapter.snapshot(idle=True)
+    return driver.coverage
+
+
+# -- load mode ------------------------------------------------------------------------------
+
+
+def run_load(
+    adapter: VllmLiveAdapter, caps: LiveCapabilities, profile: LiveProfile, rng: random.Random
+) -> Counter[str]:
+    """Each burst at once, gauges read (idle) before and after; preemptions counted from the counter."""
+    coverage: Counter[str] = Counter()
+    vocab, longest = caps.vocab_size, caps.max_model_len
+    for burst in profile.bursts:
+        prompt_tokens = min(burst.prompt_tokens, longest - burst.max_tokens)
+        common = [rng.randrange(FIRST_TOKEN, vocab) for _ in range(min(burst.shared, prompt_tokens - 1))]
+        prompts = [
+            common + [rng.randrange(FIRST_TOKEN, vocab) for _ in range(prompt_tokens - len(common))]
+            for _ in range(burst.requests)
+        ]
+        adapter.settle()
+        before = adapter.snapshot(idle=True).get("vllm:num_preemptions_total") or 0.0
+        records = adapter.complete_many(prompts, burst.max_tokens)
+        adapter.settle()
+        after = adapter.snapshot(idle=True).get("vllm:num_preemptions_total") or 0.0
+        coverage[f"load {burst.name} requests"] += len(records)
+        coverage[f"load {burst.name} preemptions"] += int(after - before)
+        coverage["load hits"] += sum(1 for r in records if r.get("cached_tokens"))
+    return coverage
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def run_live(
+    adapter: VllmLiveAdapter,
+    *,
+    profile: LiveProfile,
+    seed: int | None = None,
+    mode: str = "both",
+    cases_dir: Path = Path(".kvspec/cases"),
+    progress: Callable[[str], None] | None = None,
+) -> LiveResult:
+    """Start ``adapter``, drive it in ``mode``, check the recorded stream, and always close the adapter.
+
+    A violation saves the recorded log under ``cases_dir`` (re-checkable offline with ``check_recorded``).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    seed = 0 if seed is None else seed
+    result = LiveResult(adapter.name, profile.name, seed, mode, datetime.now(UTC).isoformat(timespec="seconds"))
+    t0 = time.perf_counter()
+    say = progress or (lambda line: None)
+    try:
+        caps = adapter.start()
+        result.adapter_version = caps.version
+        result.live["startup_s"] = adapter.startup_s
+        result.live["pool"] = {"block_size": caps.block_size, "num_gpu_blocks": caps.num_gpu_blocks}
+        say(f"server ready at {adapter.url} (startup {adapter.startup_s} s), block size {caps.block_size}")
+        if not caps.has_events:
+            result.findings.append({"kind": "unobservable", "message": "no --events endpoint: stream checks unknown"})
+        rng = random.Random(seed)
+        driven = time.perf_counter()
+        if mode in ("exact", "both"):
+            result.coverage += run_exact(adapter, caps, profile, rng)
+            say(f"exact mode: {profile.exact_requests} sequential requests sent")
+        if mode in ("load", "both"):
+            result.coverage += run_load(adapter, caps, profile, rng)
+            say("load mode: bursts sent")
+        adapter.settle()
+        adapter.snapshot(idle=True)
+        drive_s = time.perf_counter() - driven
+        result.stream = adapter.check()
+        seen = result.stream.seen
+        result.live.update(
+            {
+                "drive_s": round(drive_s, 2),
+                "requests": seen.get("requests", 0),
+                "requests_per_s": round(seen.get("requests", 0) / drive_s, 1) if drive_s else None,
+                "preemptions": sum(v for k, v in result.coverage.items() if k.endswith("preemptions")),
+                "event_gaps": adapter.gaps,
+            }
+        )
+        if not result.stream.held:
+            result.status = "violated"
+            result.findings += result.stream.violations[:10]
+            result.cases.append(str(save_log(adapter.recorder.records, cases_dir, result.stream.violated[0])))
+    except ServerStartError as exc:
+        result.status, result.error = "error", f"the server did not come up: {exc}"
+    except KeyboardInterrupt:
+        result.status, result.error = "interrupted", "interrupted"
+    except Exception as exc:  # the server misbehaved below the level of a verdict: the check could not run
+        result.status, result.error = "error", f"{type(exc).__name__}: {exc}"
+    finally:
+        adapter.close()
+        result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def save_log(records: list[dict[str, Any]], directory: Path, invariant: str) -> Path:
+    """Write a recorded log as a case file (JSON lines), named by the broken invariant and a digest."""
+    directory.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    path = directory / f"vllm-live-{invariant}-{hashlib.sha256(text.encode()).hexdigest()[:10]}.jsonl"
+    path.write_text(text)
+    return path
+
+
+def live_table(result: LiveResult) -> str:
+    """The conformance table of a live run, like ``kvspec check``'s."""
+    rows = result.verdicts()
+    width = max(len(r["name"]) for r in rows)
+    lines = [
+        f"kvspec check: adapter {result.adapter} {result.adapter_version}, profile {result.profile}, "
+        f"mode {result.mode}, seed {result.seed}",
+        "",
+        f"  {'invariant'.ljust(width)}  {'kind':<10}  {'verdict':<8}  {'checked':>7}",
+        f"  {'-' * width}  {'-' * 10}  {'-' * 8}  {'-' * 7}",
+    ]
+    lines += [f"  {r['name'].ljust(width)}  {r['kind']:<10}  {r['verdict']:<8}  {r['checked_steps']:>7}" for r in rows]
+    live = result.live
+    if result.stream is not None:
+        seen = result.stream.seen
+        lines += [
+            "",
+            f"{seen.get('requests', 0)} requests, {seen.get('batches', 0)} event batches, "
+            f"{seen.get('events', 0)} events ({seen.get('stored', 0)} blocks stored, {seen.get('removed', 0)} "
+            f"removed) in {result.duration_s:.1f} s; server startup {live.get('startup_s')} s, "
+            f"{live.get('requests_per_s')} requests/s checked, {live.get('preemptions', 0)} preemptions",
+        ]
+    if result.coverage:
+        lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(result.coverage.items())))
+    for finding in result.findings[:10]:
+        lines.append(f"finding: {json.dumps(finding)[:300]}")
+    for case in result.cases:
+        lines.append(f"recorded log saved: {case}  (re-check offline: check_recorded)")
+    if result.status == "error":
+        lines.append(f"ERROR: the check could not run: {result.error}")
+    elif result.status == "interrupted":
+        lines.append("INTERRUPTED: the verdicts above cover only what ran")
+    else:
+        lines.append("PASSED: every invariant held" if result.status == "passed" else "FAILED")
+    return "\n".join(lines)
+
+
+def print_progress(quiet: bool) -> Callable[[str], None]:
+    def say(line: str) -> None:
+        if not quiet:
+            print(f"  ... {line}", file=sys.stderr, flush=True)
+
+    return say
