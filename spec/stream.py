@@ -116,6 +116,7 @@ class InFlight:
     stored: Counter[Prefix] = field(default_factory=Counter)  # blocks it has been credited with storing
     least: int = 0
     most: int = 0
+    scheduled: bool = False  # it stored a block no one else computes: its hit lookup is behind it
 
 
 @dataclass
@@ -196,6 +197,8 @@ class StreamLedger:
 
     def _refresh_bounds(self) -> None:
         for flight in self.in_flight.values():
+            if flight.scheduled:
+                continue
             now = self.cached_prefix_blocks(flight.record.prompt)
             flight.least, flight.most = min(flight.least, now), max(flight.most, now)
 
@@ -317,10 +320,15 @@ class StreamLedger:
         return (flight.record.cached_tokens or 0) // self.block_size
 
     def _hold(self, key: Hashable, block: Prefix) -> None:
-        """A stored block is held by the one in-flight request whose chain has it past its hits."""
+        """A stored block is held by the one in-flight request whose chain has it past its hits.
+
+        That request has been scheduled, so its hit bounds stop moving: the lookup is behind it.
+        """
         owners = [f for f in self.in_flight.values() if block in f.chain]
-        if len(owners) == 1 and owners[0].chain[block] >= self._hits(owners[0]):
-            owners[0].held.add(key)
+        if len(owners) == 1:
+            owners[0].scheduled = True
+            if owners[0].chain[block] >= self._hits(owners[0]):
+                owners[0].held.add(key)
 
     def _removed(self, key: Hashable) -> None:
         r = self.result
