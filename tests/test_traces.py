@@ -24,6 +24,7 @@ DATA = Path(__file__).parent / "data" / "traces"
 KVSPEC_GOOD = DATA / "reference_kvspec.jsonl"
 SIDE_GOOD = DATA / "reference_side_table.jsonl"
 SHARED_AWARE = DATA / "shared_aware_side_table.jsonl"
+VLLM_GOOD = DATA / "vllm_live_events.jsonl"
 
 Lines = list[dict[str, Any]]
 
@@ -442,6 +443,100 @@ def test_record_side_table_needs_block_granularity(tmp_path: Path) -> None:
     assert check_trace(out, "side-table").exit_code == 0
 
 
+# -- vLLM KV cache events, as the live adapter records them ---------------------------------------
+
+
+def test_vllm_events_good_log_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report, _ = run(tmp_path, VLLM_GOOD, "vllm-events", capsys)
+    assert_passed(code, report)
+    assert all(verdict == "held" for verdict in verdicts(report).values())
+    assert report["adapter"] == "vllm-live" and report["coverage"]["removed"] > 0
+
+
+def _batch_lines(lines: Lines) -> list[int]:
+    return [i for i, line in enumerate(lines) if "seq" in line and "events" in line]
+
+
+def _request(lines: Lines, rid: str) -> dict[str, Any]:
+    return next(line["request"] for line in lines if line.get("request", {}).get("id") == rid)
+
+
+def vllm_remove_batch(lines: Lines) -> Lines:
+    del lines[_batch_lines(lines)[3]]
+    return lines
+
+
+def vllm_duplicate_batch(lines: Lines) -> Lines:
+    at = _batch_lines(lines)[3]
+    lines.insert(at + 1, copy.deepcopy(lines[at]))
+    return lines
+
+
+def vllm_swap_batches(lines: Lines) -> Lines:
+    a, b = _batch_lines(lines)[3:5]
+    lines[a], lines[b] = lines[b], lines[a]
+    return lines
+
+
+def vllm_wrong_cached_tokens(lines: Lines) -> Lines:
+    """A request sent alone reports one block fewer from cache than the index held at its admission."""
+    request = next(line["request"] for line in lines if line.get("request", {}).get("cached_tokens", 0) > 0)
+    assert request["mode"] == "exact"
+    request["cached_tokens"] -= lines[0]["config"]["block_size"]
+    return lines
+
+
+def vllm_remove_block_in_use(lines: Lines) -> Lines:
+    """The first request's freshly stored block is removed while the request is still in flight."""
+    at = _batch_lines(lines)[0]
+    stored = next(e for e in lines[at]["events"] if e["type"] == "BlockStored")
+    lines[at]["events"].append({"type": "BlockRemoved", "block_hashes": stored["block_hashes"][-1:], "medium": "GPU"})
+    return lines
+
+
+def vllm_remove_uncached_hash(lines: Lines) -> Lines:
+    """A removal of a hash with no cached copy: the copy count would go below zero."""
+    at = _batch_lines(lines)[1]
+    lines[at]["events"].append({"type": "BlockRemoved", "block_hashes": [12345], "medium": "GPU"})
+    return lines
+
+
+def vllm_store_twice(lines: Lines) -> Lines:
+    """The same block stored again out of nowhere, in the batch after it was first stored."""
+    first, second = _batch_lines(lines)[0:2]
+    stored = next(e for e in lines[first]["events"] if e["type"] == "BlockStored")
+    again = {
+        **stored,
+        "block_hashes": stored["block_hashes"][:1],
+        "token_ids": stored["token_ids"][: stored["block_size"]],
+    }
+    lines[second]["events"].append(again)
+    return lines
+
+
+VLLM_CORRUPTIONS: list[tuple[Callable[[Lines], Lines], str]] = [
+    (vllm_remove_batch, "event_sequence_contiguous"),
+    (vllm_duplicate_batch, "event_sequence_contiguous"),
+    (vllm_swap_batches, "event_sequence_contiguous"),
+    (vllm_wrong_cached_tokens, "predicted_cached_tokens"),
+    (vllm_remove_block_in_use, "in_flight_not_removed"),
+    (vllm_remove_uncached_hash, "removed_was_cached"),
+    (vllm_store_twice, "stored_once"),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "invariant"), VLLM_CORRUPTIONS, ids=[c.__name__ for c, _ in VLLM_CORRUPTIONS])
+def test_vllm_events_corrupted_log_names_the_broken_invariant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], corrupt: Callable[[Lines], Lines], invariant: str
+) -> None:
+    lines = corrupt(load(VLLM_GOOD))
+    code, report, _ = run(tmp_path, write(tmp_path, lines), "vllm-events", capsys)
+    assert_violated(code, report, invariant)
+    # The reported line is the record the finding is about.
+    line = lines[report["trace"]["violated_line"] - 1]
+    assert "seq" in line or "request" in line or "metrics" in line
+
+
 # -- what every format shares: unknown fields, malformed lines, unreadable files ---------------------
 
 
@@ -452,12 +547,19 @@ def _add_unknown_fields(lines: Lines) -> Lines:
             obj["vendor_extension"] = True
         for cand in line.get("candidates", []):
             cand["vendor_extension"] = "kept"
+        for event in line.get("events", []):
+            event["vendor_extension"] = 1
     return lines
 
 
-@pytest.mark.parametrize(("path", "fmt"), [(KVSPEC_GOOD, "kvspec"), (SIDE_GOOD, "side-table")])
+@pytest.mark.parametrize(
+    ("path", "fmt"), [(KVSPEC_GOOD, "kvspec"), (SIDE_GOOD, "side-table"), (VLLM_GOOD, "vllm-events")]
+)
 def test_unknown_fields_are_ignored(tmp_path: Path, capsys: pytest.CaptureFixture[str], path: Path, fmt: str) -> None:
-    code, report, _ = run(tmp_path, write(tmp_path, _add_unknown_fields(load(path))), fmt, capsys)
+    lines = _add_unknown_fields(load(path))
+    if fmt == "vllm-events":
+        lines.insert(2, {"note": "records of no known shape are notes, skipped"})
+    code, report, _ = run(tmp_path, write(tmp_path, lines), fmt, capsys)
     assert_passed(code, report)
 
 
@@ -468,6 +570,9 @@ MALFORMED: list[tuple[Path, str, Callable[[list[str]], None]]] = [
     (SIDE_GOOD, "side-table", lambda text: text.__setitem__(4, text[4].replace('"block_id"', '"blk"'))),
     (SIDE_GOOD, "side-table", lambda text: text.__setitem__(4, json.dumps({"event": "block_teleported", "seq": 4}))),
     (SIDE_GOOD, "side-table", lambda text: text.__setitem__(4, "{not json")),
+    (VLLM_GOOD, "vllm-events", lambda text: text.__setitem__(4, text[4][:-3])),
+    (VLLM_GOOD, "vllm-events", lambda text: text.__setitem__(4, json.dumps({"seq": 121, "ts": 1.0, "events": 7}))),
+    (VLLM_GOOD, "vllm-events", lambda text: text.__setitem__(4, json.dumps({"request": {"id": "x"}}))),
 ]
 
 

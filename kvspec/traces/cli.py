@@ -16,7 +16,7 @@ from typing import Any
 
 from kvspec.spec import Config, SpecError
 
-from . import FORMATS, check_trace
+from . import FORMATS, check_trace, vllm_events
 from .lines import TraceFormatError, read_lines
 from .result import EXIT_COULD_NOT_RUN, EXIT_HELD
 
@@ -65,7 +65,7 @@ def detect_format(path: Path) -> str:
         return "kvspec"
     if "kvspec_side_table" in first.data or "event" in first.data:
         return "side-table"
-    if "events" in first.data or "kvspec_vllm_events" in first.data or "type" in first.data:
+    if vllm_events.kind_of(first.data) is not None:
         return "vllm-events"
     raise TraceFormatError(first.number, "cannot tell the trace's format from its first line; pass --format")
 

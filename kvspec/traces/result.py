@@ -71,6 +71,8 @@ class TraceResult:
     unknown_reasons: dict[str, str] = field(default_factory=dict)
     coverage: Counter[str] = field(default_factory=Counter)
     violation: TraceViolation | None = None
+    # Checkers that do not stop at the first violation (the vLLM stream ledger): later ones, name -> first.
+    later_violations: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str = ""
     error_line: int | None = None
 
@@ -85,7 +87,7 @@ class TraceResult:
         return {"passed": EXIT_HELD, "violated": EXIT_VIOLATED}.get(self.status, EXIT_COULD_NOT_RUN)
 
     def verdict(self, name: str) -> Verdict:
-        if self.violation is not None and name in self.violation.failures:
+        if (self.violation is not None and name in self.violation.failures) or name in self.later_violations:
             return "violated"
         return "held" if self.checked.get(name, 0) else "unknown"
 
@@ -95,8 +97,10 @@ class TraceResult:
         for inv in self.invariants:
             verdict = self.verdict(inv.name)
             first = None
-            if verdict == "violated" and self.violation is not None:
+            if verdict == "violated" and self.violation is not None and inv.name in self.violation.failures:
                 first = self.violation.to_json() | {"problems": self.violation.failures[inv.name][:5]}
+            elif verdict == "violated":
+                first = self.later_violations[inv.name]
             row: dict[str, Any] = {
                 "name": inv.name,
                 "kind": inv.kind,
