@@ -60,6 +60,7 @@ class KeyMemory:
         """
         if t.semantics.granularity != "block":
             return
+        self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before the step
         before, after = t.before, t.after
         left = {e.oid for e in t.events}
         for oid, obj in after.objects.items():
@@ -80,7 +81,6 @@ class KeyMemory:
             obj = after.objects.get(oid)
             if obj is None or obj.key is None or obj.ref_count:
                 del self.free_order[oid]
-        self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))
 
 
 @dataclass
@@ -98,12 +98,14 @@ class PolicyQuality:
     orphans_max: int = 0
     evictions: int = 0
     evictions_with_choice: int = 0  # evictions that had more than one candidate
+    evictions_off_lru: int = 0  # evictions of another block than the LRU order's first candidate
 
     def add(self, t: Transition, memory: KeyMemory, evictions: int) -> None:
         self.steps += 1
         self.block_steps += t.after.capacity
         self.evictions += evictions
         self.evictions_with_choice += sum(1 for n in eviction_choices(t) if n > 1)
+        self.evictions_off_lru += _off_lru(t, memory)
         orphans = len(orphaned_blocks(t.after, t.config, t.semantics, memory))
         self.orphan_block_steps += orphans
         self.orphans_max = max(self.orphans_max, orphans)
@@ -115,16 +117,34 @@ class PolicyQuality:
         self.orphans_max = max(self.orphans_max, other.orphans_max)
         self.evictions += other.evictions
         self.evictions_with_choice += other.evictions_with_choice
+        self.evictions_off_lru += other.evictions_off_lru
 
     def to_json(self) -> dict[str, int | float]:
         return {
             "steps": self.steps,
             "evictions": self.evictions,
             "evictions_with_choice": self.evictions_with_choice,
+            "evictions_off_lru": self.evictions_off_lru,
             "orphan_block_steps": self.orphan_block_steps,
             "orphans_max": self.orphans_max,
             "orphan_capacity_share": round(self.orphan_block_steps / self.block_steps, 6) if self.block_steps else 0.0,
         }
+
+
+def _off_lru(t: Transition, memory: KeyMemory) -> int:
+    """Evictions of the step that did not take the candidate first in the LRU release order (where it is known).
+
+    Called before ``memory`` forgets this step's evicted blocks.
+    """
+    candidates, off = _candidates(t), 0
+    for e in t.events:
+        if e.kind != "evict" or e.oid not in candidates:
+            continue
+        known = {oid: memory.free_order[oid] for oid in candidates if oid in memory.free_order}
+        if len(known) == len(candidates) and min(known, key=known.__getitem__) != e.oid:
+            off += 1
+        candidates.discard(e.oid)
+    return off
 
 
 def orphaned_blocks(obs: Observation, config: Config, semantics: Semantics, memory: KeyMemory) -> list[Hashable]:

@@ -18,10 +18,16 @@ from dataclasses import dataclass
 
 from kvspec.adapters.base import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
-from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.adapters.reference_paged import (
+    ReferenceFamilyProtectAdapter,
+    ReferencePagedAdapter,
+    ReferenceSharedAwareAdapter,
+    policy_for,
+)
 from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
 from kvspec.reference.paged import Block, NoFreeBlocks, PagedPrefixCache
+from kvspec.reference.policies import BlockStats, FamilyProtectPolicy, SharedAwarePolicy
 from kvspec.reference.scheduler import Entry, QueueItem, SchedulerSim
 from kvspec.spec import Op, Outcome
 
@@ -384,9 +390,124 @@ SCHEDULER_BUGS: tuple[SeededBug, ...] = (
 )
 
 
+# -- eviction policies of the paged prefix cache ------------------------------------------
+# A policy object only orders the candidates the pool hands it, so a policy cannot evict a
+# block in use or refuse by itself: those two bugs are pools that hand it the wrong set.
+
+
+class RanksReferenced(PagedPrefixCache):
+    """The candidates handed to the policy are every cached block, referenced ones included."""
+
+    def _take_free_blocks(self, n: int) -> list[Block]:
+        taken = []
+        for _ in range(n):
+            uncached = [b for b in self.free_queue.values() if b.block_hash is None]
+            if uncached:
+                block = uncached[0]
+            else:
+                ranked = self.policy.order([self.block_stats(b) for b in self.blocks if b.block_hash is not None])
+                block = self.blocks[ranked[0].block_id]
+            self.free_queue.pop(block.block_id, None)
+            if block.block_hash is not None:
+                self.evictions.append(("evict", block.block_id, block.block_hash))
+                self._uncache(block)
+            block.ref_cnt = 1
+            block.share_degree = 1
+            block.last_used = self.clock
+            taken.append(block)
+        return taken
+
+
+class RefusesToProtect(PagedPrefixCache):
+    """Protects a family by refusing: protected cached-free blocks are not counted as available."""
+
+    def num_free_blocks(self) -> int:
+        policy = self.policy
+        assert isinstance(policy, FamilyProtectPolicy)
+        return sum(
+            1 for b in self.free_queue.values() if b.block_hash is None or not policy.protected(self.block_stats(b))
+        )
+
+
+class ClaimsSharedAwareRanksByLRU(SharedAwarePolicy):
+    """Declared shared_aware, but ranks the candidates in free queue order."""
+
+    def order(self, candidates: Sequence[BlockStats]) -> list[BlockStats]:
+        return sorted(candidates, key=lambda s: s.free_seq)
+
+
+def _policy_paged(
+    cls: type[PagedPrefixCache], adapter: type[ReferencePagedAdapter], policy: type[SharedAwarePolicy] | None = None
+) -> AdapterFactory:
+    """``adapter`` driving a ``cls`` pool that runs the adapter's declared policy (or ``policy``, if given)."""
+    semantics = adapter.capabilities.semantics
+
+    def factory() -> Adapter:
+        return adapter(
+            lambda c: cls(
+                c.capacity,
+                c.block_size,
+                hit_cap=semantics.hit_cap,
+                policy=policy() if policy is not None else policy_for(semantics, c),
+                admission_anchor_blocks=semantics.admission_anchor_blocks,
+            )
+        )
+
+    return factory
+
+
+def _policy_bug(
+    name: str,
+    invariant: str,
+    factory: AdapterFactory,
+    cls: type,
+    max_ops: int,
+    correct: AdapterFactory,
+    named_first: str = "",
+) -> SeededBug:
+    return SeededBug(name, invariant, factory, _doc(cls), max_ops, correct, named_first)
+
+
+POLICY_BUGS: tuple[SeededBug, ...] = (
+    _policy_bug(
+        "policy-evicts-referenced",
+        "candidates_unreferenced",
+        _policy_paged(RanksReferenced, ReferenceSharedAwareAdapter),
+        RanksReferenced,
+        7,  # measured 5
+        ReferenceSharedAwareAdapter,
+        "no_active_eviction",  # the evicted block is another request's, which no_active_eviction names first
+    ),
+    _policy_bug(
+        "policy-refuses-to-protect",
+        "no_spurious_refusal",
+        _policy_paged(RefusesToProtect, ReferenceFamilyProtectAdapter),
+        RefusesToProtect,
+        7,  # measured 5
+        ReferenceFamilyProtectAdapter,
+    ),
+    _policy_bug(
+        "lru-most-recent-first",
+        "policy_conformance",
+        _paged(MostRecentEvicted),
+        MostRecentEvicted,
+        5,  # measured 3
+        ReferencePagedAdapter,
+    ),
+    _policy_bug(
+        "shared-aware-ranks-by-lru",
+        "policy_conformance",
+        _policy_paged(PagedPrefixCache, ReferenceSharedAwareAdapter, ClaimsSharedAwareRanksByLRU),
+        ClaimsSharedAwareRanksByLRU,
+        7,  # measured 5
+        ReferenceSharedAwareAdapter,
+    ),
+)
+
+
 # A hang is cut off, never shrunk: its case is at most one example long (20 steps in the test's profile).
 # Measured 1, because run_check saves only the op that hung (see tests/test_seeded_bugs.py).
 HANG = SeededBug("hangs-on-reset", "adapter_contract", HangsOnReset, _doc(HangsOnReset), 20)
 """Not in SEEDED_BUGS: it needs a short step timeout, see tests/test_seeded_bugs.py."""
 
-SEEDED_BUGS: tuple[SeededBug, ...] = PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS
+SEEDED_BUGS: tuple[SeededBug, ...] = PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS + POLICY_BUGS

@@ -15,7 +15,16 @@ import json
 from pathlib import Path
 
 import pytest
-from seeded_bugs import HANG, LIFECYCLE_BUGS, PAGED_BUGS, SCHEDULER_BUGS, SEEDED_BUGS, AdapterFactory, SeededBug
+from seeded_bugs import (
+    HANG,
+    LIFECYCLE_BUGS,
+    PAGED_BUGS,
+    POLICY_BUGS,
+    SCHEDULER_BUGS,
+    SEEDED_BUGS,
+    AdapterFactory,
+    SeededBug,
+)
 
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.spec import INVARIANT_NAMES, INVARIANTS, Config, Op
@@ -179,7 +188,7 @@ def test_every_invariant_has_a_seeded_bug() -> None:
 
 def test_catalogue_is_well_formed() -> None:
     """SEEDED_BUGS is every bug but the hang, names are unique, and each has a one-line description."""
-    assert SEEDED_BUGS == PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS
+    assert SEEDED_BUGS == PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS + POLICY_BUGS
     assert HANG not in SEEDED_BUGS
     names = [bug.name for bug in (*SEEDED_BUGS, HANG)]
     assert len(names) == len(set(names))
