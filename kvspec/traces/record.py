@@ -213,12 +213,13 @@ class SideTableDeriver:
         """The side-table events of one recorded step, in the order the engine would write them."""
         out: list[dict[str, Any]] = []
         before, after, op, bs = s.before, s.after, s.op, self.config.block_size
+        rid = op.req or ""
         self._learn(before)
         self._learn(after)
         ranking = None
         hit_blocks: list[Hashable] = []
-        if op.op in ("admit", "resume") and s.outcome.status == "ok" and op.req in after.requests:
-            req = after.requests[op.req]
+        if op.op in ("admit", "resume") and s.outcome.status == "ok" and rid in after.requests:
+            req = after.requests[rid]
             hit_blocks = list(req.objects[: (s.outcome.hit_tokens or 0) // bs])
         if self.model is not None:
             if any(e.kind == "evict" for e in s.events):
@@ -226,8 +227,8 @@ class SideTableDeriver:
             self.model.step(op)
         if op.op in ("admit", "resume") and s.outcome.status == "refused":
             self._event(out, "cache_admission_limited", s.step, request_id=op.req, reason=s.outcome.message)
-        if op.op in ("admit", "resume") and op.req in after.requests and s.outcome.status == "ok":
-            req = after.requests[op.req]
+        if op.op in ("admit", "resume") and rid in after.requests and s.outcome.status == "ok":
+            req = after.requests[rid]
             hashes = []
             for i in range(len(req.tokens) // bs):
                 key = self.key_of.get(req.tokens[: (i + 1) * bs])
@@ -262,11 +263,11 @@ class SideTableDeriver:
             self._event(out, "eviction_candidates_ranked", s.step, candidates=ranking)
         for e in evictions:
             self._evicted(out, s.step, before, e, "evict")
-        if op.op in ("admit", "resume", "append") and s.outcome.status == "ok" and op.req in after.requests:
+        if op.op in ("admit", "resume", "append") and s.outcome.status == "ok" and rid in after.requests:
             self._grown(out, s, before, after)
-        if op.op in ("release", "preempt") and s.outcome.status == "ok" and op.req in before.requests:
-            refs = {oid: before.objects[oid].ref_count for oid in before.requests[op.req].objects}
-            for oid in reversed(before.requests[op.req].objects):
+        if op.op in ("release", "preempt") and s.outcome.status == "ok" and rid in before.requests:
+            refs = {oid: before.objects[oid].ref_count for oid in before.requests[rid].objects}
+            for oid in reversed(before.requests[rid].objects):
                 refs[oid] -= 1
                 cached = before.objects[oid].key is not None
                 state = "sealed" if refs[oid] else ("cached" if cached else "free")

@@ -110,7 +110,9 @@ def check(lines: list[Line], judge: Judge) -> None:
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceFormatError(None, f"the log cannot be checked: {type(exc).__name__}: {exc}") from exc
     result = judge.result
-    config = next((line.data["config"] for line, kind in zip(lines, kinds, strict=True) if kind == "config"), {})
+    config: dict[str, Any] = next(
+        (line.data["config"] for line, kind in zip(lines, kinds, strict=True) if kind == "config"), {}
+    )
     result.adapter = "vllm-live"
     result.adapter_version = str(config.get("vllm", ""))
     result.steps = sum(1 for kind in kinds if kind in ("batch", "request"))
