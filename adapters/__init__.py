@@ -19,6 +19,7 @@ BUILTIN: dict[str, str] = {
     "scheduler-sim": "kvspec.adapters.scheduler_sim:SchedulerSimAdapter",
     "vllm": "kvspec.adapters.vllm_inprocess:VllmAdapter",
     "vllm-blockpool": "kvspec.adapters.vllm_blockpool:VllmBlockPoolAdapter",
+    "vllm-live": "kvspec.adapters.vllm_live.adapter:VllmLiveAdapter",
 }
 
 ENTRY_POINT_GROUP = "kvspec.adapters"

@@ -7,17 +7,21 @@ Exit codes (a stable contract): 0 every invariant held; 1 a violation was found
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any, cast
 
-from kvspec.adapters import AdapterLoadError, Capabilities, available, load
+from kvspec.adapters import AdapterFactory, AdapterLoadError, Capabilities, available, load
+from kvspec.adapters.vllm_live.server import register as register_serve_tiny
 from kvspec.formal_cli import register as register_formal
 from kvspec.gpu_checks.cli import register as register_gpu_check
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
 from kvspec.stateful_tests.bounded import coverage_cases
+from kvspec.stateful_tests.live import LIVE_PROFILES, MODES, live_table, print_progress, run_live
 from kvspec.stateful_tests.report import table, write_junit, write_report
 
 EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
@@ -41,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--no-scenarios", action="store_true", help="skip the bounded-model coverage cases")
     check.add_argument("--quiet", action="store_true", help="no progress lines")
+    live = check.add_argument_group("live adapters (vllm-live)")
+    live.add_argument("--url", default=None, help="check this running server instead of starting the tiny one")
+    live.add_argument("--events", default=None, help="its KV event PUB endpoint (e.g. ipc:///path or tcp://host:port)")
+    live.add_argument("--replay", default=None, help="its KV event replay endpoint, to fill sequence gaps")
+    live.add_argument("--record", type=Path, default=None, metavar="FILE", help="record the run as JSON lines here")
+    live.add_argument("--mode", choices=MODES, default="both", help="exact (sequential), load (concurrent) or both")
 
     replay = sub.add_parser("replay", help="replay a saved case on an adapter")
     replay.add_argument("case", type=Path)
@@ -49,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("adapters", help="list the adapters that can be loaded")
     register_gpu_check(sub)
     register_formal(sub)
+    register_serve_tiny(sub)
     return parser
 
 
@@ -75,6 +86,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"kvspec: {exc}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if getattr(factory, "live", False):
+        return cmd_check_live(args, factory)
     # The coverage-goal cases of the bounded model (committed, found by Z3) run first, on any
     # adapter whose pool the kit sizes; only the ops the adapter implements are kept.
     caps = getattr(factory, "capabilities", None)
@@ -102,6 +115,27 @@ def cmd_check(args: argparse.Namespace) -> int:
             if args.junit:
                 write_junit(result, args.junit)
     print(table(result))
+    return result.exit_code
+
+
+def cmd_check_live(args: argparse.Namespace, factory: AdapterFactory) -> int:
+    """A live adapter: drive the server (started here unless --url) and judge its event stream."""
+    make = cast(Any, factory)  # a live adapter's factory takes the endpoint options
+    adapter = make(url=args.url, events=args.events, replay=args.replay, record=args.record)
+    result = run_live(
+        adapter,
+        profile=LIVE_PROFILES[args.profile],
+        seed=args.seed,
+        mode=args.mode,
+        cases_dir=args.cases_dir,
+        progress=print_progress(args.quiet),
+    )
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    if args.junit:
+        write_junit(cast(Result, result), args.junit)  # reads only the fields the two results share
+    print(live_table(result))
     return result.exit_code
 
 
@@ -134,6 +168,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_adapters(args: argparse.Namespace) -> int:
     for name, path in available().items():
         try:
+            if getattr(load(name), "live", False):
+                print(f"{name:<16} {path}\n{'':<16} live: drives a running server (starts the tiny one unless --url)")
+                continue
             adapter = load(name)()
             caps = adapter.capabilities
             adapter.close()
