@@ -117,6 +117,7 @@ class InFlight:
     least: int = 0
     most: int = 0
     scheduled: bool = False  # it stored a block no one else computes: its hit lookup is behind it
+    known: bool = True  # the index was fully known when it arrived: its hit can be judged
 
 
 @dataclass
@@ -169,8 +170,13 @@ class StreamLedger:
         usable_blocks: int | None = None,
         published_hash: PublishedHash | None = None,
         result: StreamResult | None = None,
+        *,
+        initial_known: bool = True,
     ) -> None:
         self.block_size = block_size
+        # False: blocks may have been cached before the stream was joined; a removal of a hash never
+        # seen stored is then not judged, until a clear makes the index known again.
+        self.known = initial_known
         self.usable_blocks = usable_blocks
         self.published_hash = published_hash
         self.result = result or StreamResult()
@@ -333,6 +339,9 @@ class StreamLedger:
     def _removed(self, key: Hashable) -> None:
         r = self.result
         r.seen["removed"] += 1
+        if self.copies[key] <= 0 and not self.known and key not in self.prefix_of:
+            r.seen["removed before the stream was joined"] += 1
+            return
         r.checked["removed_was_cached"] += 1
         if self.copies[key] <= 0:
             r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
@@ -345,6 +354,7 @@ class StreamLedger:
     def _cleared(self) -> None:
         r = self.result
         r.seen["cleared"] += 1
+        self.known = True
         gone = set(self.copies)
         self.copies.clear()
         self._check_holders(gone)
@@ -372,13 +382,13 @@ class StreamLedger:
         tokens = record.prompt + (record.output or ())
         chain = {tuple(tokens[: (j + 1) * bs]): j for j in range(len(tokens) // bs)}
         now = self.cached_prefix_blocks(record.prompt)
-        flight = InFlight(record, chain, guarded=record.preempted is False, least=now, most=now)
+        flight = InFlight(record, chain, guarded=record.preempted is False, least=now, most=now, known=self.known)
         if alone and record.cached_tokens is not None:
             # Sent alone, it is scheduled before anything else can touch the index: its hits are held from now.
             for j in range(min(self._hits(flight), now)):
                 flight.held.add(self.hash_of[tuple(record.prompt[: (j + 1) * bs])])
         where = {"request": record.id, "started": record.started}
-        if record.exact and record.cached_tokens is not None:
+        if record.exact and record.cached_tokens is not None and self.known:
             r.checked["predicted_cached_tokens"] += 1
             if record.cached_tokens != now * bs:
                 r.fail(
@@ -393,7 +403,7 @@ class StreamLedger:
         """A request's response arrived: judge its hit against the bounds seen while it was in flight."""
         r, bs = self.result, self.block_size
         flight = self.in_flight.pop(record.id, None)
-        if flight is None or record.exact or record.cached_tokens is None:
+        if flight is None or record.exact or record.cached_tokens is None or not flight.known:
             return
         r.checked["cached_tokens_within_bounds"] += 1
         low, high = flight.least * bs, flight.most * bs
@@ -413,6 +423,15 @@ class StreamLedger:
         """
         self.result.seen["resets"] += 1
         self._cleared()
+
+    def lost(self, first: int, stop: int) -> None:
+        """The subscriber could not get batches [first, stop), not even from the replay socket."""
+        self.result.checked["event_sequence_contiguous"] += 1
+        self.result.fail(
+            "event_sequence_contiguous",
+            {"gap": [first, stop]},
+            f"batches {first}..{stop - 1} were never received and could not be replayed",
+        )
 
     def snapshot(self, metrics: MetricSnapshot) -> None:
         """Gauges read while nothing was in flight must show an empty pool in use."""
@@ -448,16 +467,21 @@ def check_stream(
     usable_blocks: int | None = None,
     published_hash: PublishedHash | None = None,
     resets: Sequence[float] = (),
+    gaps: Sequence[tuple[int, int]] = (),
+    initial_known: bool = True,
 ) -> StreamResult:
     """Check a recorded stream: batches in the order received; requests, gauges, resets placed by time.
 
     A request's start (finish) is applied before the first batch whose ``ts`` is not earlier than
     its ``started`` (``finished``); the batch order itself is kept as received, so a reordering
-    shows as a sequence error rather than being sorted away.
+    shows as a sequence error rather than being sorted away. ``gaps``: seq ranges the subscriber
+    reported lost; ``initial_known=False``: the stream was joined on a cache that may hold blocks.
     """
     requests = [replace(q, preempted=_known_not_preempted(q, snapshots)) for q in requests]
     windows = sorted((q.started, q.finished) for q in requests)
-    ledger = StreamLedger(block_size, usable_blocks, published_hash)
+    ledger = StreamLedger(block_size, usable_blocks, published_hash, initial_known=initial_known)
+    for first, stop in gaps:
+        ledger.lost(first, stop)
     # Timed actions: (time, order, kind, item). At equal times a finish comes before a start.
     actions: list[tuple[float, int, str, Any]] = []
     for q in requests:

@@ -158,3 +158,22 @@ def test_more_cached_blocks_than_the_pool_holds_is_reported(records: Records) ->
 def test_without_a_block_size_the_log_cannot_be_checked() -> None:
     with pytest.raises(ValueError, match="block size"):
         check_recorded([{"request": {"id": "a", "prompt_token_ids": [5], "started": 0.0, "finished": 1.0}}])
+
+
+def test_a_gap_the_subscriber_could_not_fill_is_reported(records: Records) -> None:
+    records.append({"gap": {"from": 3, "to": 5}})
+    result = check_recorded(records)
+    assert result.violated == ["event_sequence_contiguous"]
+    assert result.first_violation["event_sequence_contiguous"]["gap"] == [3, 5]
+
+
+def test_a_stream_joined_late_is_judged_only_where_the_index_is_known(records: Records) -> None:
+    late = [r for r in records if not ("seq" in r and r["seq"] < 30)]  # the first 30 batches were missed
+    config = next(r["config"] for r in late if "config" in r)
+    config["initial_cache"] = "empty"  # claiming a known start is wrong: hits on blocks never seen stored
+    assert "predicted_cached_tokens" in check_recorded(late).violated
+    config["initial_cache"] = "unknown"
+    result = check_recorded(late)
+    assert result.held, result.violations[:3]
+    assert result.seen["removed before the stream was joined"] > 0
+    assert result.checked["predicted_cached_tokens"] > 0  # judged again after the first reset

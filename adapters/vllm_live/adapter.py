@@ -105,6 +105,7 @@ class VllmLiveAdapter:
                 topic=ep.topic if own else "",
                 start_seq=0 if own else None,
                 on_batch=self.recorder.add,
+                on_gap=lambda first, stop: self.recorder.add({"gap": {"from": first, "to": stop}}),
             ).start()
         metrics = read_metrics(ep.url)
         block_size = metrics.block_size
@@ -133,6 +134,9 @@ class VllmLiveAdapter:
                     "events": ep.events,
                     "vllm": self.capabilities.version,
                     "startup_s": self.startup_s,
+                    # Followed from its start (our server): nothing unseen is cached. Else the reset probe, if the
+                    # server has the endpoint, makes the index known from its moment on.
+                    "initial_cache": "empty" if self.server is not None else "unknown",
                 }
             }
         )

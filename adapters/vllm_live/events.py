@@ -47,6 +47,7 @@ class EventSubscriber:
         start_seq: int | None = 0,
         record: TextIO | None = None,
         on_batch: Callable[[dict[str, Any]], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> None:
         import zmq
 
@@ -56,7 +57,7 @@ class EventSubscriber:
         self.gaps: list[tuple[int, int]] = []  # [first missing, first present) that replay could not fill
         self.replayed = 0
         self._next: int | None = start_seq
-        self._record, self._on_batch = record, on_batch
+        self._record, self._on_batch, self._on_gap = record, on_batch, on_gap
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._ctx = zmq.Context()
@@ -91,7 +92,7 @@ class EventSubscriber:
         """Fetch batches [start, stop) from the replay socket, in order; what it lacks stays a gap."""
         zmq = self._zmq
         if self.replay_endpoint is None:
-            self.gaps.append((start, stop))
+            self._lost(start, stop)
             return
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -117,9 +118,15 @@ class EventSubscriber:
             self.replayed += 1
             expected += 1
         if expected < stop:
-            self.gaps.append((expected, stop))
-            with self._lock:
-                self._next = stop  # accept the live batch after the gap; the ledger reports the hole
+            self._lost(expected, stop)
+
+    def _lost(self, start: int, stop: int) -> None:
+        """Batches [start, stop) are gone for good: say so, and accept the live batch after the hole."""
+        self.gaps.append((start, stop))
+        if self._on_gap is not None:
+            self._on_gap(start, stop)
+        with self._lock:
+            self._next = stop
 
     def _run(self) -> None:
         zmq = self._zmq

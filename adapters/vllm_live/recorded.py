@@ -12,7 +12,13 @@ A recorded log is JSON lines, one record a line, in the order the client saw the
 - ``{"metrics": {"ts", "idle", "kv_cache_usage_perc"?, "num_preemptions_total"?, ...}}``: a gauge
   snapshot;
 - ``{"reset": {"ts", "success"}}``: the client reset the prefix cache (POST /reset_prefix_cache) and
-  the call returned at ``ts``.
+  the call returned at ``ts``;
+- ``{"gap": {"from", "to"}}``: batches with seq in [from, to) were lost and the replay socket could
+  not supply them.
+
+The config's ``initial_cache`` is ``"empty"`` when the stream was followed from the server's start
+(the kit's own server), else ``"unknown"``: removals of hashes never seen stored are then not judged
+until a reset or AllBlocksCleared.
 
 Lines of other shapes are ignored, so a log can carry notes.
 """
@@ -56,6 +62,7 @@ class Log:
     requests: list[RequestRecord] = field(default_factory=list)
     snapshots: list[MetricSnapshot] = field(default_factory=list)
     resets: list[float] = field(default_factory=list)
+    gaps: list[tuple[int, int]] = field(default_factory=list)
 
 
 def split_records(records: Iterable[Mapping[str, Any]]) -> Log:
@@ -63,7 +70,9 @@ def split_records(records: Iterable[Mapping[str, Any]]) -> Log:
     log = Log()
     config, batches, requests, snapshots = log.config, log.batches, log.requests, log.snapshots
     for record in records:
-        if "reset" in record:
+        if "gap" in record:
+            log.gaps.append((int(record["gap"]["from"]), int(record["gap"]["to"])))
+        elif "reset" in record:
             if record["reset"].get("success", True):
                 log.resets.append(float(record["reset"]["ts"]))
         elif "config" in record:
@@ -110,6 +119,8 @@ def check_recorded(records: Iterable[Mapping[str, Any]]) -> StreamResult:
         usable_blocks=usable,
         published_hash=hasher.published if hasher else None,
         resets=log.resets,
+        gaps=log.gaps,
+        initial_known=config.get("initial_cache", "empty") == "empty",
     )
 
 
