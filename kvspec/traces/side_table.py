@@ -56,7 +56,7 @@ INVARIANTS: tuple[TraceInvariant, ...] = (
     TraceInvariant("no_active_eviction", "safety", "Only unreferenced blocks are evicted."),
     TraceInvariant("non_negative_ref_counts", "safety", "Ref counts never go below 0 and agree with the replay."),
     TraceInvariant("share_without_duplication", "safety", "A block hash is cached on at most one block."),
-    TraceInvariant("capacity_conservation", "safety", "A block is never allocated twice; ids fit the pool."),
+    TraceInvariant("capacity_conservation", "safety", "A block is never allocated twice; the pool never overflows."),
     TraceInvariant("cache_index_consistency", "safety", "Hits and recorded hashes match the blocks cached."),
     TraceInvariant("predicted_prefix_hits", "refinement", "A lookup hits the longest cached chain of its hashes."),
     TraceInvariant("hit_count_consistency", "refinement", "A block's hit_count counts its touches since cached."),
@@ -137,7 +137,11 @@ class SideTableLedger:
         results: dict[str, Problems] = {}
         n = self.header.num_blocks
         if n is not None:
-            results["capacity_conservation"] = [] if block_id < n else [f"block {block_id} is outside a pool of {n}"]
+            # Engines number blocks differently (vLLM's block 0 is a reserved null block): count ids, not ranges.
+            seen = len(self.blocks) + (block_id not in self.blocks)
+            results["capacity_conservation"] = (
+                [] if seen <= n else [f"block {block_id} is the {seen}th distinct block id in a pool of {n}"]
+            )
         return block_id, self.block(block_id), results
 
     def _recorded(
