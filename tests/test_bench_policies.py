@@ -15,12 +15,15 @@ from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.bench import GENERATORS, Workload, generate
 from kvspec.bench import cli as bench_cli
 from kvspec.bench.policy_ab import (
+    CONTROLS,
     BenchError,
     FutureDemand,
     Metrics,
     PrefixIds,
     Tracker,
+    default_policies,
     first_divergence,
+    load_policy,
     plot,
     pool_sizes,
     replay,
@@ -377,13 +380,44 @@ def test_plot_says_why_not_without_matplotlib(tmp_path: Path, monkeypatch: pytes
     assert not (tmp_path / "x.png").exists()
 
 
-def test_lru_reference_predicts_vllm_hits_on_a_small_workload() -> None:
-    pytest.importorskip("vllm", reason="the vLLM comparison needs the vllm extra")
-    from kvspec.adapters import load
+# -- controls and vLLM ---------------------------------------------------------------------------
 
-    w = generate("template_family_revisit", 0, **SMALL)
-    for _, capacity in pool_sizes(w, [0.25, 0.6]):
-        ref = replay(w, ReferencePagedAdapter(), capacity)
-        vllm = replay(w, load("vllm")(), capacity)
-        assert ref.metrics.admits == vllm.metrics.admits
-        assert first_divergence(ref.hits, vllm.hits) is None
+UNCACHED_FIRST_OPS = (
+    Op("admit", "a", (1, 2, 3, 4)),  # [1,2] and [1,2,3,4] cached
+    Op("admit", "b", (5, 6, 7)),  # [5,6] cached, [7] an uncached tail
+    Op("release", "a"),
+    Op("release", "b"),  # queue: a's [1,2,3,4], a's [1,2], b's tail (uncached), b's [5,6]
+    Op("admit", "c", (8, 8)),
+    Op("admit", "d", (1, 2, 3, 4, 9)),
+)
+"""Pool of 4 blocks, block size 2. c needs one block: the lru pops the queue head, evicting
+[1,2,3,4], so d hits 2 tokens and evicts [5,6] too; taking uncached blocks first, c gets b's
+tail, d hits 4 tokens and only [5,6] is evicted."""
+
+
+def test_the_uncached_first_control_differs_from_lru_only_where_an_uncached_block_is_free() -> None:
+    w = Workload("uncached", 0, {}, 2, UNCACHED_FIRST_OPS)
+    lru = replay(w, load_policy("reference")(), 4)
+    head = replay(w, load_policy("reference-lru-uncached-first")(), 4)
+    assert lru.hits == [0, 0, 0, 2] and lru.metrics.evicted_blocks == 2
+    assert head.hits == [0, 0, 0, 4] and head.metrics.evicted_blocks == 1
+    assert CONTROLS["reference-lru-uncached-first"].capabilities.semantics.free_uncached == "head"
+
+
+def test_controls_are_default_policies_and_unknown_names_are_bench_errors() -> None:
+    assert set(CONTROLS) <= set(default_policies()) and "reference" in default_policies()
+    nogate = CONTROLS["reference-family-protect-nogate"].capabilities.semantics
+    assert nogate.eviction == "family_protect" and nogate.admission_anchor_blocks is None
+    with pytest.raises(BenchError):
+        load_policy("no-such-policy")
+
+
+def test_lru_with_uncached_first_predicts_vllm_hits_exactly() -> None:
+    pytest.importorskip("vllm", reason="the vLLM comparison needs the vllm extra")
+    w = generate("long_conversation_pressure", 0, **SMALL)
+    vllm = load_policy("vllm")()
+    for _, capacity in pool_sizes(w, [0.25]):
+        head = replay(w, load_policy("reference-lru-uncached-first")(), capacity)
+        engine = replay(w, vllm, capacity)
+        assert head.metrics.admits == engine.metrics.admits
+        assert first_divergence(head.hits, engine.hits) is None

@@ -80,9 +80,11 @@ def register_policies(bench_sub: Any) -> None:
         help="also replay on vLLM's KVCacheManager and compare hits with the lru reference (auto: if importable)",
     )
     p.add_argument(
-        "--baseline",
-        default="reference",
-        help="the policy whose per-request hits are compared with vLLM's (default: reference, the lru)",
+        "--baselines",
+        type=_csv(str),
+        default=["reference", "reference-lru-uncached-first"],
+        help="policies whose per-request hits are compared with vLLM's "
+        "(default: reference,reference-lru-uncached-first, the two lru free queues)",
     )
     p.add_argument("--json", type=Path, default=None, help="write the full results here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of hit rate per pool size (needs matplotlib)")
@@ -149,7 +151,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
             policies,
             args.pool_fractions,
             vllm=use_vllm,
-            baseline=args.baseline,
+            baselines=args.baselines,
             progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
         )
     except BenchError as exc:

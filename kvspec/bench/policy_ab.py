@@ -32,8 +32,11 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvspec.adapters import Adapter, AdapterLoadError, available, load
-from kvspec.spec import Config, Event, Observation, Op, Outcome
+from kvspec.adapters import Adapter, AdapterLoadError, Capabilities, available, load
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.reference.paged import PagedPrefixCache
+from kvspec.reference.policies import EvictionPolicy, FamilyProtectPolicy, LRUPolicy
+from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
 
 from .workloads import Workload
 
@@ -300,9 +303,67 @@ def first_divergence(a: Sequence[int | None], b: Sequence[int | None]) -> int | 
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+# -- controls: reference pools the built-in adapters do not offer -----------------------------------
+
+
+class _LruUncachedFirst(LRUPolicy):
+    """The free queue order, under a name other than "lru": the pool then takes uncached blocks first.
+
+    That is vLLM's free queue from 0.24 on (freed blocks holding no cached key go to
+    the head), and what every non-lru reference policy does too, so it is the control
+    that separates "take uncached blocks first" from each policy's own order.
+    """
+
+    name = "lru_uncached_first"
+
+
+def _variant(name: str, semantics: Semantics, policy: Callable[[], EvictionPolicy]) -> type[ReferencePagedAdapter]:
+    def pool(config: Config) -> PagedPrefixCache:
+        return PagedPrefixCache(
+            config.capacity,
+            config.block_size,
+            hit_cap=semantics.hit_cap,
+            policy=policy(),
+            admission_anchor_blocks=semantics.admission_anchor_blocks,
+        )
+
+    class Variant(ReferencePagedAdapter):
+        def __init__(self) -> None:
+            super().__init__(pool)
+
+    Variant.name = name
+    Variant.capabilities = Capabilities(semantics=semantics, version="0.1.0", notes=("a kvspec bench control",))
+    Variant.__qualname__ = Variant.__name__ = f"Bench_{name.replace('-', '_')}"
+    return Variant
+
+
+CONTROLS: dict[str, type[ReferencePagedAdapter]] = {
+    "reference-lru-uncached-first": _variant(
+        "reference-lru-uncached-first", Semantics(eviction="lru", free_uncached="head"), _LruUncachedFirst
+    ),
+    "reference-family-protect-nogate": _variant(
+        "reference-family-protect-nogate",
+        Semantics(eviction="family_protect", protect_min_hits=1),
+        lambda: FamilyProtectPolicy(protect_min_hits=1),
+    ),
+}
+"""Policies the A/B adds beside the built-in adapters, to tell apart effects a built-in one mixes:
+lru with uncached blocks taken first (vLLM >= 0.24), and family_protect without its admission gate."""
+
+
+def load_policy(name: str) -> Callable[[], Adapter]:
+    """An adapter factory: a bench control by name, else whatever ``kvspec.adapters.load`` finds."""
+    if name in CONTROLS:
+        return CONTROLS[name]
+    try:
+        return load(name)
+    except AdapterLoadError as exc:
+        raise BenchError(str(exc)) from exc
+
+
 def default_policies() -> list[str]:
-    """Every available built-in adapter whose name starts with "reference" (the block-granularity policies)."""
-    return [name for name in available() if name.startswith("reference")]
+    """Every available built-in adapter named reference* (the block-granularity policies), then the controls."""
+    return [name for name in available() if name.startswith("reference")] + list(CONTROLS)
 
 
 def vllm_importable() -> bool:
@@ -318,16 +379,11 @@ def run_ab(
     fractions: Sequence[float] = DEFAULT_FRACTIONS,
     *,
     vllm: bool = False,
-    baseline: str = "reference",
+    baselines: Sequence[str] = ("reference", "reference-lru-uncached-first"),
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Every workload x policy x pool size; with ``vllm``, vLLM too, its hits compared per request with ``baseline``."""
-    factories = {}
-    for name in [*policies, *(["vllm"] if vllm else [])]:
-        try:
-            factories[name] = load(name)
-        except AdapterLoadError as exc:
-            raise BenchError(str(exc)) from exc
+    """Each workload x policy x pool size; with ``vllm``, vLLM too, its hits compared per request with ``baselines``."""
+    factories = {name: load_policy(name) for name in [*policies, *(["vllm"] if vllm else [])]}
     adapters = {name: factory() for name, factory in factories.items()}
     runs: list[Run] = []
     comparisons: list[dict[str, Any]] = []
@@ -340,8 +396,11 @@ def run_ab(
                 runs.append(run)
                 if progress:
                     progress(f"{workload.name} pool={capacity} {name}: hit rate {run.metrics.hit_rate:.3f}")
-            if vllm and baseline in by_policy:
-                comparisons.append(_compare(workload, by_policy[baseline], by_policy["vllm"]))
+            comparisons += [
+                _compare(workload, name, by_policy[name], by_policy["vllm"])
+                for name in baselines
+                if vllm and name in by_policy
+            ]
     for adapter in adapters.values():
         adapter.close()
     vllm_version = adapters["vllm"].capabilities.version if vllm else None
@@ -350,7 +409,7 @@ def run_ab(
         "config": {
             "policies": list(adapters),
             "pool_fractions": list(fractions),
-            "baseline": baseline,
+            "baselines": list(baselines),
             "refusals": "an admit or append the pool refuses is retried after releasing the oldest other live "
             "request; with none left it is counted in refused_ops and its request skipped",
         },
@@ -360,10 +419,11 @@ def run_ab(
     }
 
 
-def _compare(workload: Workload, ref: Run, other: Run) -> dict[str, Any]:
+def _compare(workload: Workload, baseline: str, ref: Run, other: Run) -> dict[str, Any]:
     i = first_divergence(ref.hits, other.hits)
     out: dict[str, Any] = {
         "workload": workload.name,
+        "baseline": baseline,
         "capacity": ref.capacity,
         "pool_fraction": ref.fraction,
         "admits": len(ref.hits),
@@ -432,15 +492,13 @@ def table(result: dict[str, Any], *, markdown: bool = False) -> str:
         lines.append("")
     comparisons = result["vllm"]["comparisons"]
     if comparisons:
-        title = (
-            f"does {result['config']['baseline']} predict vLLM's per-request hits exactly ({result['vllm']['version']})"
-        )
+        title = f"does an lru reference predict vLLM's per-request hits exactly ({result['vllm']['version']})"
         lines.append(f"### {title}" if markdown else title)
         lines += [""] if markdown else []
         head = [
             "workload",
             "pool",
-            "admits",
+            "baseline",
             "exact",
             "hit tok (ref / vllm)",
             "evicted (ref / vllm)",
@@ -458,7 +516,7 @@ def table(result: dict[str, Any], *, markdown: bool = False) -> str:
                 [
                     c["workload"],
                     str(c["capacity"]),
-                    str(c["admits"]),
+                    c["baseline"],
                     "yes" if c["exact"] else "no",
                     f"{c['baseline_hit_tokens']} / {c['vllm_hit_tokens']}",
                     f"{c['baseline_evicted']} / {c['vllm_evicted']}",
