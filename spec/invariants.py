@@ -73,13 +73,13 @@ class KeyMemory:
         was = before.requests.get(t.op.req or "")
         if t.op.op in ("release", "preempt") and t.outcome.status == "ok" and was is not None:
             for oid in reversed(was.objects):
-                obj = after.objects.get(oid)
-                if obj is not None and obj.ref_count == 0 and obj.key is not None and oid not in self.free_order:
+                freed = after.objects.get(oid)
+                if freed is not None and freed.ref_count == 0 and freed.key is not None and oid not in self.free_order:
                     self.free_seq += 1
                     self.free_order[oid] = self.free_seq
         for oid in list(self.free_order):
-            obj = after.objects.get(oid)
-            if obj is None or obj.key is None or obj.ref_count:
+            queued = after.objects.get(oid)
+            if queued is None or queued.key is None or queued.ref_count:
                 del self.free_order[oid]
 
 
@@ -621,7 +621,7 @@ def policy_conformance(t: Transition) -> Problems:
     evicted = [e.oid for e in t.events if e.kind == "evict"]
     if sem.granularity != "block" or sem.eviction not in BLOCK_ORDERS or not evicted:
         return None
-    order: BlockOrder = sem.eviction  # type: ignore[assignment]
+    order: BlockOrder = sem.eviction
     problems = []
     if order != "lru":
         taken, uncached = _blocks_taken(t), t.before.free

@@ -214,13 +214,8 @@ class LedgerModel:
         """
         taken = []
         for _ in range(n):
-            if self.semantics.eviction == "lru":
-                sid, _ = self.free_queue.popitem(last=False)
-            else:
-                sid = next((s for s in self.free_queue if self.slots[s].key is None), None)
-                if sid is None:
-                    sid = self._policy_victim()
-                del self.free_queue[sid]
+            sid = self._next_free()
+            del self.free_queue[sid]
             slot = self.slots[sid]
             if slot.key is not None:
                 self._unindex(slot.key, sid)
@@ -229,6 +224,15 @@ class LedgerModel:
             self.slots[sid] = _Object(ref_count=1, last_used=self.clock, share_degree=1)
             taken.append(sid)
         return taken
+
+    def _next_free(self) -> int:
+        """The slot the next allocation takes from the free queue."""
+        if self.semantics.eviction == "lru":
+            return next(iter(self.free_queue))
+        for sid in self.free_queue:
+            if self.slots[sid].key is None:
+                return sid
+        return self._policy_victim()
 
     def block_features(self) -> dict[int, BlockFeatures]:
         """The features of every cached slot in the free queue: the eviction candidates, by slot."""
@@ -254,9 +258,7 @@ class LedgerModel:
         order = self.semantics.eviction
         assert order in ("score", "shared_aware", "family_protect")
         params = OrderParams(self.clock, self.config.capacity, self.semantics.protect_min_hits)
-        sid = victim(order, dict(self.block_features()), params)
-        assert isinstance(sid, int)
-        return sid
+        return victim(order, self.block_features(), params)
 
     def _cache_full_blocks(self, request: _Request, start: int) -> None:
         """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys).

@@ -27,9 +27,11 @@ and the set of cached keys.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
+
+Oid = TypeVar("Oid", bound=Hashable)
 
 BlockOrder = Literal["lru", "score", "shared_aware", "family_protect"]
 BLOCK_ORDERS: tuple[BlockOrder, ...] = ("lru", "score", "shared_aware", "family_protect")
@@ -134,6 +136,6 @@ def order_key(order: BlockOrder, f: BlockFeatures, params: OrderParams) -> tuple
     raise ValueError(f"unknown block eviction order {order!r}")
 
 
-def victim(order: BlockOrder, candidates: dict[Hashable, BlockFeatures], params: OrderParams) -> Hashable:
+def victim(order: BlockOrder, candidates: Mapping[Oid, BlockFeatures], params: OrderParams) -> Oid:
     """The candidate ``order`` evicts first."""
     return min(candidates, key=lambda oid: order_key(order, candidates[oid], params))
