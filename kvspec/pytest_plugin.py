@@ -2,19 +2,21 @@
 
 Each named adapter becomes one test item, ``kvspec[NAME]``, that fails with the
 conformance table and the shrunk counterexample when an invariant breaks. The
-``kvspec_check`` fixture runs the same check from a user's own test.
+``kvspec_check`` fixture runs the same check from a user's own test; ``vllm_live_server``
+gives a running vLLM server (the kit's tiny one unless ``--kvspec-vllm-url``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvspec.adapters import AdapterFactory, AdapterLoadError, load
+from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, vllm_missing
 from kvspec.stateful_tests import PROFILES, Result, run_check
 from kvspec.stateful_tests.report import table
 
@@ -31,6 +33,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvspec-profile", default="ci", choices=sorted(PROFILES), help="kvspec profile (default ci)")
     group.addoption("--kvspec-max-examples", type=int, default=None, help="random op sequences per adapter")
     group.addoption("--kvspec-seed", type=int, default=None, help="random seed")
+    group.addoption(
+        "--kvspec-vllm-url", default=None, help="vllm_live_server: use this running server, not the kit's tiny one"
+    )
+    group.addoption("--kvspec-vllm-events", default=None, help="vllm_live_server: its KV event PUB endpoint")
+    group.addoption("--kvspec-vllm-replay", default=None, help="vllm_live_server: its KV event replay endpoint")
 
 
 class ConformanceFailure(Exception):
@@ -101,3 +108,32 @@ def kvspec_check(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[st
         return result
 
     return check
+
+
+@pytest.fixture(scope="session")
+def vllm_live_server(request: pytest.FixtureRequest) -> Iterator[Endpoints]:
+    """A running vLLM server's endpoints: ``--kvspec-vllm-url`` if given, else the kit's tiny server.
+
+    The tiny server (prefix caching, 63 usable blocks of 32 tokens, KV events on ipc://) starts once
+    per session and is always stopped; without vLLM in this interpreter the test is skipped.
+    """
+    url = request.config.getoption("--kvspec-vllm-url")
+    if url:
+        events, replay = (
+            request.config.getoption("--kvspec-vllm-events"),
+            request.config.getoption("--kvspec-vllm-replay"),
+        )
+        yield attach(url, events, replay)
+        return
+    reason = vllm_missing()
+    if reason is not None:
+        pytest.skip(f"vllm_live_server needs vLLM: {reason}")
+    server = TinyServer()
+    try:
+        endpoints = server.start()
+    except ServerStartError as exc:
+        pytest.fail(f"the tiny vLLM server did not come up: {exc}", pytrace=False)
+    try:
+        yield endpoints
+    finally:
+        server.stop()

@@ -31,7 +31,7 @@ from .events import EventSubscriber
 from .hashing import DEFAULT_NONE_HASH_SEED
 from .metrics import Metrics, read_metrics
 from .recorded import Recorder, check_recorded
-from .server import Endpoints, ServerConfig, TinyServer
+from .server import Endpoints, ServerConfig, TinyServer, attach
 
 REQUEST_TIMEOUT_S = 300.0
 
@@ -95,7 +95,7 @@ class VllmLiveAdapter:
             self.endpoints = self.server.start()
             self.startup_s = self.server.startup_s
         else:
-            self.endpoints = Endpoints(self._url.rstrip("/"), self._events, self._replay, model=self._model_name())
+            self.endpoints = attach(self._url, self._events, self._replay)
         ep = self.endpoints
         if ep.events is not None:
             own = self.server is not None  # our server: expect seq 0 first, replay what a late join missed
@@ -183,9 +183,6 @@ class VllmLiveAdapter:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             text = response.read()
         return json.loads(text) if text.strip() else {}
-
-    def _model_name(self) -> str:
-        return str(self._get_json("/v1/models")["data"][0]["id"])
 
     def _version(self) -> str:
         try:

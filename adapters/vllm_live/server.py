@@ -130,6 +130,14 @@ class Endpoints:
         return {"url": self.url, "events": self.events, "replay": self.replay, "topic": self.topic, "model": self.model}
 
 
+def attach(url: str, events: str | None = None, replay: str | None = None, topic: str = "") -> Endpoints:
+    """Endpoints of a server the kit did not start: its model name is read from /v1/models."""
+    base = url.rstrip("/")
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as response:
+        model = str(json.loads(response.read())["data"][0]["id"])
+    return Endpoints(base, events, replay, topic=topic, model=model)
+
+
 def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float) -> str | None:
     """None once GET /health answers 200; else why not (the server exited, or the time ran out)."""
     deadline = time.monotonic() + timeout
@@ -285,6 +293,7 @@ __all__ = [
     "ServerConfig",
     "ServerStartError",
     "TinyServer",
+    "attach",
     "build_tiny_model",
     "free_port",
     "register",
