@@ -7,10 +7,12 @@ out are in seq order with no gap, except where the replay socket (ZMQ ROUTER: se
 from a DEALER, it answers with the buffered batches, then seq -1) no longer holds the missing ones; such
 a gap is then passed on as it is, and the ledger's ``event_sequence_contiguous`` check reports it.
 Payloads are decoded with msgspec's msgpack decoder into plain lists and dicts, never unpickled.
+pyzmq and msgspec are vLLM's dependencies, not the kit's: they are imported by name when used.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 import time
@@ -22,8 +24,7 @@ END_OF_REPLAY = -1
 
 def decode_batch(seq_bytes: bytes, payload: bytes) -> dict[str, Any]:
     """One recorded batch line: ``{"seq", "ts", "events", "dp_rank"}`` from a message's last two frames."""
-    import msgspec
-
+    msgspec: Any = importlib.import_module("msgspec")
     seq = int.from_bytes(seq_bytes, "big", signed=True)
     body = msgspec.msgpack.decode(payload)
     ts, events = body[0], body[1]
@@ -49,8 +50,7 @@ class EventSubscriber:
         on_batch: Callable[[dict[str, Any]], None] | None = None,
         on_gap: Callable[[int, int], None] | None = None,
     ) -> None:
-        import zmq
-
+        zmq: Any = importlib.import_module("zmq")
         self._zmq = zmq
         self.endpoint, self.replay_endpoint, self.topic = endpoint, replay_endpoint, topic
         self.batches: list[dict[str, Any]] = []

@@ -6,6 +6,7 @@ summed. ``vllm:cache_config_info`` is an info-style gauge whose labels carry the
 
 from __future__ import annotations
 
+import importlib
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,11 +54,11 @@ class Metrics:
 
 def parse_metrics(text: str) -> Metrics:
     """Parse Prometheus exposition text into :class:`Metrics`."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    # prometheus-client comes with vLLM, not with the kit: imported by name when used.
+    parser: Any = importlib.import_module("prometheus_client.parser")
     values: dict[str, float] = {}
     info: dict[str, str] = {}
-    for family in text_string_to_metric_families(text):
+    for family in parser.text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == CACHE_CONFIG_INFO:
                 info = dict(sample.labels)
