@@ -339,8 +339,35 @@ def test_ab_on_fake_restarts_per_run_and_the_shared_arm_hits(tmp_path: Path, cap
             and "vllm:prefix_cache_hits_total" in (run["metrics_after"]["raw"])
         )
     assert result["ratios_shared_over_unique"]["prefix_hit_tokens_usage"] is None, "x/0 has no finite ratio"
+    for arm in ("unique", "shared"):
+        assert [result["arms"][arm]["by_position"][p]["runs"] for p in ("first", "second")] == [1, 1]
     text = capsys.readouterr().out
-    assert "shared/unique" in text and text.count("\n") >= 10
+    assert "shared/unique" in text and "order:" in text and text.count("\n") >= 10
+    # A saved result redraws to the same table; a truncated one is refused with exit 2.
+    assert live_ab.cmd_live(_args(from_json=out)) == live_ab.EXIT_OK
+    assert capsys.readouterr().out == text
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({k: v for k, v in result.items() if k != "arms"}))
+    assert live_ab.cmd_live(_args(from_json=broken)) == live_ab.EXIT_COULD_NOT_RUN
+    assert "arms.unique is missing" in capsys.readouterr().err
+
+
+def test_one_pair_puts_each_arm_in_one_position_only() -> None:
+    shape = WorkloadShape(requests=2, prompt_tokens=8, shared_tokens=4, output_tokens=2, concurrency=1)
+    result = run_ab(FakeLauncher(), shape, 1, settle_s=0.0)
+    unique, shared = result["arms"]["unique"]["by_position"], result["arms"]["shared"]["by_position"]
+    assert (unique["first"]["runs"], unique["second"]["runs"]) == (1, 0) and unique["second"]["ttft_median_s"] is None
+    assert (shared["first"]["runs"], shared["second"]["runs"]) == (0, 1) and shared["first"]["ttft_median_s"] is None
+
+
+def test_plot_is_drawn_when_matplotlib_is_installed(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot is optional: matplotlib is not a dependency of the kit")
+    shape = WorkloadShape(requests=4, prompt_tokens=8, shared_tokens=4, output_tokens=3, concurrency=2)
+    result = run_ab(FakeLauncher(), shape, 1, settle_s=0.0)
+    result["configuration"] = live_ab.configuration(_args(), shape)
+    png = tmp_path / "ab.png"
+    assert live_ab.plot(result, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_metric_deltas_come_from_the_raw_metrics_text(tmp_path: Path) -> None:

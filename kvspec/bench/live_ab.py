@@ -396,17 +396,20 @@ def run_one(
     started = time.perf_counter()
     with launcher() as url:
         startup_s = time.perf_counter() - started
+        load_before = os.getloadavg()[0]  # the machine's 1-minute load: other work competes for the cores
         model = served_model(url)
         _, before = http_get(url, "/metrics")
         load = run_load(url, model, prompts, shape.output_tokens, shape.concurrency, request_timeout)
         # vLLM's frontend logs a step's stats as its outputs arrive; let the last step's land.
         time.sleep(settle_s)
         _, after = http_get(url, "/metrics")
+        load_after = os.getloadavg()[0]
     before_counters, after_counters = counter_totals(before), counter_totals(after)
     return {
         "arm": arm,
         "served_model": model,
         "startup_s": startup_s,
+        "loadavg_1m": [load_before, load_after],
         "summary": summarise_run(load),
         "metrics_before": {"counters": before_counters, "raw": before},
         "metrics_after": {"counters": after_counters, "raw": after},
@@ -426,8 +429,20 @@ def _median_of(values: Sequence[float | None]) -> float | None:
 
 
 def summarise_arm(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One arm over its runs: TTFT/TPOT pooled over every ok request; throughput and hits per run, median."""
+    """One arm over its runs: TTFT/TPOT pooled over every ok request; throughput and hits per run, median.
+
+    ``by_position`` splits the arm's runs by their place in the pair (first, second): when an arm's
+    figures move with its position more than between arms, the difference is an order effect.
+    """
     ttft, tpot = _pooled(runs, "ttft_s"), _pooled(runs, "tpot_s")
+    by_position = {}
+    for position, name in enumerate(("first", "second")):
+        here = [run for run in runs if run.get("position") == position]
+        by_position[name] = {
+            "runs": len(here),
+            "ttft_median_s": _median(_pooled(here, "ttft_s")),
+            "requests_per_s": _median_of([run["summary"]["requests_per_s"] for run in here]),
+        }
     return {
         "runs": len(runs),
         "requests": sum(run["summary"]["requests"] for run in runs),
@@ -444,6 +459,7 @@ def summarise_arm(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             [run["metrics_delta"]["vllm:prompt_tokens_cached_total"] for run in runs]
         ),
         "preemptions_metric": _median_of([run["metrics_delta"]["vllm:num_preemptions_total"] for run in runs]),
+        "by_position": by_position,
     }
 
 
@@ -533,7 +549,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"vllm": (str, type(None))},
     "run": {"arm": (str,)}
     | dict.fromkeys(["run", "pair", "position"], (int,))
-    | {"startup_s": _NUM}
+    | {"startup_s": _NUM, "loadavg_1m": (list,)}
     | dict.fromkeys(["summary", "metrics_before", "metrics_after", "metrics_delta", "cache_config"], (dict,))
     | {"requests": (list,)},
     "summary": dict.fromkeys(["requests", "ok", "failures", "output_tokens", "merged_chunk_requests"], (int,))
@@ -552,6 +568,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     ),
     "metrics": {"counters": (dict,), "raw": (str,)},
     "arm": dict.fromkeys(["runs", "requests", "failures"], (int,))
+    | {"by_position": (dict,)}
     | dict.fromkeys(
         [
             "ttft_median_s",
@@ -636,7 +653,7 @@ def table(result: dict[str, Any]) -> str:
         f"pool {c['num_blocks']} blocks; {c['pairs']} pairs, a fresh server per run",
         "",
         f"{'run':>3} {'pair':>4} {'pos':>3} {'arm':<7} {'ok/N':>7} {'TTFT p50':>9} {'TTFT p90':>9} "
-        f"{'TPOT p50':>9} {'req/s':>7} {'tok/s':>7} {'hit tok':>8} {'hits(m)':>8} {'preempt':>7}",
+        f"{'TPOT p50':>9} {'req/s':>7} {'tok/s':>7} {'hit tok':>8} {'hits(m)':>8} {'preempt':>7} {'load':>5}",
     ]
     for run in result["runs"]:
         s, d = run["summary"], run["metrics_delta"]
@@ -645,7 +662,7 @@ def table(result: dict[str, Any]) -> str:
             f"{s['ok']:>3}/{s['requests']:<3} {_ms(s['ttft_median_s']):>9} {_ms(s['ttft_p90_s']):>9} "
             f"{_ms(s['tpot_median_s']):>9} {_num(s['requests_per_s'], 2):>7} {_num(s['output_tokens_per_s'], 1):>7} "
             f"{_num(s['cached_tokens_usage']):>8} {_num(d['vllm:prefix_cache_hits_total']):>8} "
-            f"{_num(d['vllm:num_preemptions_total']):>7}"
+            f"{_num(d['vllm:num_preemptions_total']):>7} {_num(max(run['loadavg_1m']), 1):>5}"
         )
     lines += [
         "",
@@ -661,12 +678,23 @@ def table(result: dict[str, Any]) -> str:
             f"{_num(a['output_tokens_per_s'], 1):>7} {_num(a['prefix_hit_tokens_usage']):>8} "
             f"{_num(a['prefix_cache_hits_metric']):>8}"
         )
+    lines += ["", "order: TTFT p50 (ms) and req/s of each arm's runs when it ran first / second in its pair"]
+    for arm in ARMS:
+        pos = result["arms"][arm]["by_position"]
+        lines.append(
+            f"{arm:<7} first ({pos['first']['runs']} runs): {_ms(pos['first']['ttft_median_s'])} ms, "
+            f"{_num(pos['first']['requests_per_s'], 2)} req/s; second ({pos['second']['runs']} runs): "
+            f"{_ms(pos['second']['ttft_median_s'])} ms, {_num(pos['second']['requests_per_s'], 2)} req/s"
+        )
     r = result["ratios_shared_over_unique"]
     lines.append(
         "shared/unique: "
         + ", ".join(f"{key} {_num(value, 3) if value is not None else 'n/a'}" for key, value in r.items())
     )
-    lines.append("times in ms; hit tok: usage.prompt_tokens_details.cached_tokens; hits(m): /metrics delta")
+    lines.append(
+        "times in ms; hit tok: usage.prompt_tokens_details.cached_tokens; hits(m): /metrics delta of "
+        "vllm:prefix_cache_hits_total; load: the machine's 1-minute load average (max of before/after)"
+    )
     return "\n".join(lines)
 
 
@@ -796,6 +824,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the JSON result here")
     parser.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="draw a figure (matplotlib)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--from-json", type=Path, default=None, metavar="IN", help="run nothing: print the table (and --plot) of IN"
+    )
 
 
 def register(bench_subparsers: Any) -> None:
@@ -813,8 +844,27 @@ def _write_json(path: Path | None, result: dict[str, Any]) -> None:
         path.write_text(json.dumps(result, indent=1) + "\n")
 
 
+def redraw(source: Path, plot_path: Path | None) -> int:
+    """Print the table of a saved result (and draw its plot); 2 when it is not a complete result."""
+    try:
+        result = json.loads(source.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"kvspec bench live: cannot read {source}: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    problems = schema_problems(result)
+    if problems or result["exit_code"] != EXIT_OK:
+        print(f"kvspec bench live: {source} is not a complete result: {'; '.join(problems[:5])}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    print(table(result))
+    if plot_path is not None and not plot(result, plot_path):
+        print("kvspec bench live: matplotlib is not installed; no plot drawn", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_live(args: argparse.Namespace, launcher: Launcher | None = None) -> int:
     """Run the A/B; 0 when it ran (request failures are figures, not an error), 2 when it could not run."""
+    if args.from_json is not None:
+        return redraw(args.from_json, args.plot)
     shape = WorkloadShape(
         args.requests, args.prompt_tokens, args.shared_tokens, args.output_tokens, args.concurrency, seed=args.seed
     )
