@@ -8,11 +8,14 @@ from .invariants import INVARIANT_NAMES, INVARIANTS, Invariant, KeyMemory, Trans
 from .model import LedgerModel, Step, retention_score, validate
 from .observation import ObjectView, Observation, RequestView
 from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
+from .policies import BLOCK_ORDERS, BlockFeatures, OrderParams, order_key, retain_score
 
 __all__ = [
+    "BLOCK_ORDERS",
     "INVARIANTS",
     "INVARIANT_NAMES",
     "Config",
+    "BlockFeatures",
     "Event",
     "Invariant",
     "KeyMemory",
@@ -20,6 +23,7 @@ __all__ = [
     "ObjectView",
     "Observation",
     "Op",
+    "OrderParams",
     "Outcome",
     "RequestView",
     "Semantics",
@@ -28,6 +32,8 @@ __all__ = [
     "Transition",
     "blocks_for",
     "check_transition",
+    "order_key",
+    "retain_score",
     "retention_score",
     "size_of",
     "validate",

@@ -412,3 +412,19 @@ def test_policy_parameters_are_spec_parameters() -> None:
         Semantics(admission_anchor_blocks=-1)
     data = ReferenceFamilyProtectAdapter.capabilities.semantics.to_json()
     assert (data["eviction"], data["protect_min_hits"], data["admission_anchor_blocks"]) == ("family_protect", 1, 1)
+
+
+def test_a_pool_that_ignores_the_admission_gate_is_held_to_it(tmp_path: Path) -> None:
+    """The gate is a spec parameter, so refinement catches a pool that caches a cold request's later blocks."""
+
+    def ungated() -> ReferenceFamilyProtectAdapter:
+        return ReferenceFamilyProtectAdapter(
+            lambda c: PagedPrefixCache(c.capacity, c.block_size, policy=FamilyProtectPolicy())
+        )
+
+    profile = dataclasses.replace(PROFILES["ci"], step_count=20)
+    result = run_check(ungated, name="ungated", profile=profile, cases_dir=tmp_path)
+    assert result.exit_code == 1 and result.failure is not None
+    # A cold two-block prompt released: the spec leaves its second block uncached (free), the pool cached it.
+    assert result.failure.invariant == "predicted_free_capacity", result.failure
+    assert len(result.failure_ops) == 2

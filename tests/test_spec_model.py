@@ -65,11 +65,22 @@ class SpecAdapter:
 
 
 VLLM_LIKE = Semantics(duplicate_keys="indexed", free_uncached="head")
+SCORE = Semantics(eviction="score")
+SHARED_AWARE = Semantics(eviction="shared_aware", duplicate_keys="indexed", free_uncached="head")
+FAMILY_PROTECT = Semantics(eviction="family_protect", protect_min_hits=2, admission_anchor_blocks=1)
 
 
-@pytest.mark.parametrize("semantics", [BLOCK, VLLM_LIKE, RECORD, ENTRY], ids=["block", "block-vllm", "record", "entry"])
+@pytest.mark.parametrize(
+    "semantics",
+    [BLOCK, VLLM_LIKE, SCORE, SHARED_AWARE, FAMILY_PROTECT, RECORD, ENTRY],
+    ids=["block", "block-vllm", "block-score", "block-shared-aware-vllm", "block-family-protect", "record", "entry"],
+)
 def test_the_spec_satisfies_its_own_invariants(semantics: Semantics, tmp_path: object) -> None:
-    """The model, checked by the suite as if it were an implementation, holds every invariant."""
+    """The model, checked by the suite as if it were an implementation, holds every invariant.
+
+    At block granularity that includes policy_conformance: the checker recomputes each
+    eviction order from what it observes, independently of the model's own ranking.
+    """
     result = run_check(
         lambda: SpecAdapter(semantics), name="spec", profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path
     )
@@ -77,6 +88,9 @@ def test_the_spec_satisfies_its_own_invariants(semantics: Semantics, tmp_path: o
     assert result.tally.coverage["evict"] > 0
     if semantics.granularity != "entry":  # entries are never referenced, so an admission always fits
         assert result.tally.coverage["admit:refused"] > 0
+    if semantics.granularity == "block":
+        conformance = next(row for row in result.verdicts() if row["name"] == "policy_conformance")
+        assert conformance["verdict"] == "held" and conformance["checked_steps"] > 20, conformance
 
 
 BAD_INPUT = [
