@@ -260,11 +260,16 @@ def run_live(
         rng = random.Random(seed)
         driven = time.perf_counter()
         if mode in ("exact", "both"):
+            t = time.perf_counter()
             result.coverage += run_exact(adapter, caps, profile, rng)
-            say(f"exact mode: {profile.exact_requests} sequential requests sent")
+            result.live["exact_s"] = round(time.perf_counter() - t, 2)
+            result.live["exact_requests_per_s"] = round(profile.exact_requests / result.live["exact_s"], 1)
+            say(f"exact mode: {profile.exact_requests} sequential requests in {result.live['exact_s']} s")
         if mode in ("load", "both"):
+            t = time.perf_counter()
             result.coverage += run_load(adapter, caps, profile, rng)
-            say("load mode: bursts sent")
+            result.live["load_s"] = round(time.perf_counter() - t, 2)
+            say(f"load mode: {len(profile.bursts)} bursts in {result.live['load_s']} s")
         adapter.settle()
         adapter.snapshot(idle=True)
         drive_s = time.perf_counter() - driven
