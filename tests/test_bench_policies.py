@@ -27,6 +27,8 @@ from kvspec.bench.policy_ab import (
     plot,
     pool_sizes,
     replay,
+    summary,
+    table,
 )
 from kvspec.bench.workloads import CONVERSATION_MODES
 from kvspec.spec import Event, Op, SpecError
@@ -421,3 +423,20 @@ def test_lru_with_uncached_first_predicts_vllm_hits_exactly() -> None:
         engine = replay(w, vllm, capacity)
         assert head.metrics.admits == engine.metrics.admits
         assert first_divergence(head.hits, engine.hits) is None
+
+
+def test_summary_gives_hit_rate_points_against_the_control() -> None:
+    def run(policy: str, hit_rate: float) -> dict[str, Any]:
+        metrics = Metrics(admits=1, prompt_tokens=1000, hit_tokens=round(1000 * hit_rate)).to_json()
+        return {"workload": "w", "policy": policy, "capacity": 10, "pool_fraction": 0.25, **metrics}
+
+    result = {
+        "workloads": [{"name": "w", "admits": 1, "prompt_tokens": 1000, "footprint": 40}],
+        "runs": [run("reference-lru-uncached-first", 0.5), run("reference-shared-aware", 0.62), run("other", 0.41)],
+        "vllm": {"comparisons": []},
+    }
+    rows = summary(result)
+    assert rows[1].split() == ["workload", "pool", "reference-lru-uncached-first", "reference-shared-aware", "other"]
+    assert rows[2].split() == ["w", "10", "(25%)", "0.500", "+12.0", "-9.0"]
+    assert "+12.0" in table(result)
+    assert summary({**result, "runs": result["runs"][1:]}) == []  # no control run, no summary

@@ -475,8 +475,31 @@ COLUMNS = (
 )
 
 
+CONTROL = "reference-lru-uncached-first"
+"""What the summary compares against: the free queue order, uncached blocks first, as every other
+reference policy takes them (and as vLLM does), so a difference is the policy's order alone."""
+
+
+def summary(result: dict[str, Any], control: str = CONTROL, *, markdown: bool = False) -> list[str]:
+    """Hit-rate change of each policy against ``control``, in points, per workload and pool size."""
+    runs = {(r["workload"], r["capacity"], r["policy"]): r for r in result["runs"]}
+    policies = [p for p in dict.fromkeys(r["policy"] for r in result["runs"]) if p != control]
+    if not any(r["policy"] == control for r in result["runs"]):
+        return []
+    rows = []
+    for w in result["workloads"]:
+        for (name, capacity, policy), base in runs.items():
+            if name != w["name"] or policy != control:
+                continue
+            cells = [f"{100 * (runs[name, capacity, p]['hit_rate'] - base['hit_rate']):+.1f}" for p in policies]
+            rows.append([name, f"{capacity} ({base['pool_fraction']:.0%})", f"{base['hit_rate']:.3f}", *cells])
+    title = f"hit rate against {control}, in points (+: the policy hits more)"
+    head = ["workload", "pool", control, *policies]
+    return [f"### {title}" if markdown else title, *([""] if markdown else []), *_grid(head, rows, markdown), ""]
+
+
 def table(result: dict[str, Any], *, markdown: bool = False) -> str:
-    """The runs as one table per workload, rows grouped by pool size."""
+    """The runs as one table per workload, rows grouped by pool size, then the summary and the vLLM comparison."""
     header = ["pool", *(title for title, _, _ in COLUMNS)]
     lines: list[str] = []
     for w in result["workloads"]:
@@ -490,6 +513,7 @@ def table(result: dict[str, Any], *, markdown: bool = False) -> str:
         lines += [""] if markdown else []
         lines += _grid(header, rows, markdown)
         lines.append("")
+    lines += summary(result, markdown=markdown)
     comparisons = result["vllm"]["comparisons"]
     if comparisons:
         title = f"does an lru reference predict vLLM's per-request hits exactly ({result['vllm']['version']})"
@@ -555,7 +579,8 @@ def plot(result: dict[str, Any], path: str) -> str | None:
     for ax, name in zip(axes.flat, workloads, strict=False):
         for policy in policies:
             runs = [r for r in result["runs"] if r["workload"] == name and r["policy"] == policy]
-            ax.plot([r["capacity"] for r in runs], [r["hit_rate"] for r in runs], marker="o", label=policy)
+            style = {"linestyle": "--", "marker": "x"} if policy == "vllm" else {"marker": "o"}  # vLLM overlays lru
+            ax.plot([r["capacity"] for r in runs], [r["hit_rate"] for r in runs], label=policy, **style)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("pool (blocks)", fontsize=8)
         ax.set_ylabel("prefix hit rate", fontsize=8)
