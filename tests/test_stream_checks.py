@@ -188,3 +188,12 @@ def test_a_stream_joined_late_is_judged_only_where_the_index_is_known(records: R
         assert result.held, (seq, result.violations[:3])
         claimed_wrongly += bool(check_recorded(joined_at(records, seq, "empty")).violated)
     assert claimed_wrongly > 0  # claiming a known start where blocks were cached unseen does get caught
+
+
+def test_without_an_event_stream_only_the_gauges_are_judged(records: Records) -> None:
+    blind = [r for r in records if not ("seq" in r and "events" in r)]
+    next(r["config"] for r in blind if "config" in r)["events"] = None
+    result = check_recorded(blind)
+    verdicts = {r["name"]: r["verdict"] for r in result.verdicts()}
+    assert verdicts.pop("idle_usage_zero") == "held"
+    assert set(verdicts.values()) == {"unknown"}, verdicts
