@@ -328,8 +328,9 @@ def live_table(result: LiveResult) -> str:
             "",
             f"{seen.get('requests', 0)} requests, {seen.get('batches', 0)} event batches, "
             f"{seen.get('events', 0)} events ({seen.get('stored', 0)} blocks stored, {seen.get('removed', 0)} "
-            f"removed) in {result.duration_s:.1f} s; server startup {live.get('startup_s')} s, "
-            f"{live.get('requests_per_s')} requests/s checked, {live.get('preemptions', 0)} preemptions",
+            f"removed) in {result.duration_s:.1f} s"
+            + (f"; server startup {live['startup_s']} s" if live.get("startup_s") is not None else "")
+            + f"; {live.get('requests_per_s')} requests/s checked, {live.get('preemptions', 0)} preemptions",
         ]
     if result.coverage:
         lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(result.coverage.items())))

@@ -343,7 +343,8 @@ def serve_tiny(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs,
         startup_timeout_s=args.timeout,
     )
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C and SIGTERM both stop the server; SIGINT explicitly, since a background launch may ignore it.
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = TinyServer(config)
     try:
         print("kvspec serve-tiny: building the model and starting vLLM ...", file=sys.stderr, flush=True)
@@ -369,4 +370,5 @@ def serve_tiny(args: argparse.Namespace) -> int:
         return 0
     finally:
         server.stop()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
