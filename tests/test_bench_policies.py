@@ -440,3 +440,19 @@ def test_summary_gives_hit_rate_points_against_the_control() -> None:
     assert rows[2].split() == ["w", "10", "(25%)", "0.500", "+12.0", "-9.0"]
     assert "+12.0" in table(result)
     assert summary({**result, "runs": result["runs"][1:]}) == []  # no control run, no summary
+
+
+def test_vllm_that_cannot_start_is_skipped_on_auto_and_fails_on_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(name: str) -> Any:
+        raise BenchError("no KV cache manager here")
+
+    monkeypatch.setattr(bench_cli, "vllm_importable", lambda: True)
+    monkeypatch.setattr(bench_cli, "load_policy", broken)
+    args = ["policies", "--only", "ordinary_unique_cold", "--policies", "reference", "--pool-fractions", "0.5"]
+    assert bench_cli.main([*args, "--vllm", "auto"]) == 0
+    assert "vLLM comparison skipped: the vllm adapter does not start: no KV cache manager" in capsys.readouterr().out
+    assert bench_cli.main([*args, "--vllm", "on"]) == 2
+    monkeypatch.setattr(bench_cli, "vllm_importable", lambda: False)
+    assert bench_cli.main([*args, "--vllm", "on"]) == 2

@@ -22,7 +22,16 @@ from typing import Any
 
 from kvspec.spec import SpecError
 
-from .policy_ab import DEFAULT_FRACTIONS, BenchError, default_policies, plot, run_ab, table, vllm_importable
+from .policy_ab import (
+    DEFAULT_FRACTIONS,
+    BenchError,
+    default_policies,
+    load_policy,
+    plot,
+    run_ab,
+    table,
+    vllm_importable,
+)
 from .workloads import GENERATORS, Workload, generate
 
 EXIT_DONE, EXIT_COULD_NOT_RUN = 0, 2
@@ -140,11 +149,12 @@ def cmd_policies(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return _fail(f"cannot load workloads: {exc}")
     policies = args.policies or default_policies()
-    use_vllm = args.vllm == "on" or (args.vllm == "auto" and vllm_importable())
-    if args.vllm == "on" and not vllm_importable():
-        return _fail("--vllm on, but vLLM is not importable here (pip install kvspec[vllm])")
-    if not use_vllm:
-        print(f"vLLM comparison skipped: {'--vllm off' if args.vllm == 'off' else 'vLLM is not importable here'}")
+    why_not = _vllm_unusable() if args.vllm != "off" else "--vllm off"
+    if why_not and args.vllm == "on":
+        return _fail(f"--vllm on, but {why_not}")
+    use_vllm = why_not is None
+    if why_not:
+        print(f"vLLM comparison skipped: {why_not}")
     try:
         result = run_ab(
             workloads,
@@ -167,6 +177,17 @@ def cmd_policies(args: argparse.Namespace) -> int:
         why_not = plot(result, str(args.plot))
         print(why_not or f"plot: {args.plot}")
     return EXIT_DONE
+
+
+def _vllm_unusable() -> str | None:
+    """Why the vllm adapter cannot run here (None: it can)."""
+    if not vllm_importable():
+        return "vLLM is not importable here (pip install kvspec[vllm])"
+    try:
+        load_policy("vllm")().close()
+    except Exception as exc:  # any failure to build it means: no comparison, said so
+        return f"the vllm adapter does not start: {exc}"
+    return None
 
 
 def _argv_tail(args: argparse.Namespace) -> list[str]:
