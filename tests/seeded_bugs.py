@@ -154,10 +154,13 @@ class FloorRounding(PagedPrefixCache):
 
 
 class ShareCopies(PagedPrefixCache):
-    """A cached prefix is copied into fresh blocks instead of shared."""
+    """A cached prefix is copied into fresh blocks instead of shared, whenever the pool has room for the copy."""
 
     def find_cached_prefix(self, tokens: Sequence[int]) -> list[Block]:
-        return []
+        found = super().find_cached_prefix(tokens)
+        # Only where the copy fits: otherwise it would refuse what sharing admits, which
+        # no_spurious_refusal reports first, and this bug is the one for share_without_duplication.
+        return [] if self._blocks_needed(len(tokens)) <= self.num_free_blocks() else found
 
 
 class ReuseKeepsIndex(PagedPrefixCache):
