@@ -18,6 +18,7 @@ import pytest
 from kvspec.adapters import AdapterFactory, AdapterLoadError, load
 from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, vllm_missing
 from kvspec.stateful_tests import PROFILES, Result, run_check
+from kvspec.stateful_tests.live import LIVE_PROFILES, LiveResult, live_table, run_live
 from kvspec.stateful_tests.report import table
 
 
@@ -41,9 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 class ConformanceFailure(Exception):
-    def __init__(self, result: Result) -> None:
+    def __init__(self, result: Result | LiveResult) -> None:
         self.result = result
-        super().__init__(table(result))
+        super().__init__(_render(result))
 
 
 class KvspecItem(pytest.Item):
@@ -68,9 +69,26 @@ class KvspecItem(pytest.Item):
         return self.path, None, f"kvspec conformance of {self.adapter}"
 
 
-def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Result:
+def _render(result: Result | LiveResult) -> str:
+    return live_table(result) if isinstance(result, LiveResult) else table(result)
+
+
+def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Result | LiveResult:
     factory = load(adapter) if isinstance(adapter, str) else adapter
     name = adapter if isinstance(adapter, str) else getattr(adapter, "__name__", repr(adapter))
+    if getattr(factory, "live", False):  # a running server: the live runner, on the --kvspec-vllm-* endpoints
+        make: Any = factory
+        live = make(
+            url=config.getoption("--kvspec-vllm-url"),
+            events=config.getoption("--kvspec-vllm-events"),
+            replay=config.getoption("--kvspec-vllm-replay"),
+        )
+        return run_live(
+            live,
+            profile=LIVE_PROFILES[config.getoption("--kvspec-profile")],
+            seed=config.getoption("--kvspec-seed"),
+            cases_dir=cases_dir,
+        )
     return run_check(
         factory,
         name=name,
@@ -98,13 +116,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 @pytest.fixture
-def kvspec_check(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str | AdapterFactory], Result]:
+def kvspec_check(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[str | AdapterFactory], Result | LiveResult]:
     """Run the conformance suite on an adapter (name, path or factory); fails the test on a violation."""
 
-    def check(adapter: str | AdapterFactory) -> Result:
+    def check(adapter: str | AdapterFactory) -> Result | LiveResult:
         result = _check(request.config, adapter, tmp_path / "cases")
         if result.exit_code != 0:
-            pytest.fail(table(result), pytrace=False)
+            pytest.fail(_render(result), pytrace=False)
         return result
 
     return check

@@ -197,3 +197,35 @@ def test_without_an_event_stream_only_the_gauges_are_judged(records: Records) ->
     verdicts = {r["name"]: r["verdict"] for r in result.verdicts()}
     assert verdicts.pop("idle_usage_zero") == "held"
     assert set(verdicts.values()) == {"unknown"}, verdicts
+
+
+# -- where vLLM is missing, a live check says it could not run (exit 2), never "passed" --------------
+
+
+@pytest.fixture
+def no_vllm() -> None:
+    from kvspec.adapters.vllm_live.server import vllm_missing
+
+    if vllm_missing() is None:
+        pytest.skip("vLLM is installed here: tests/test_vllm_live.py runs the live adapter for real")
+
+
+@pytest.mark.usefixtures("no_vllm")
+def test_kvspec_check_of_the_live_adapter_without_vllm_cannot_run(tmp_path: Path) -> None:
+    import json
+
+    from kvspec.cli import main
+
+    report = tmp_path / "report.json"
+    assert main(["check", "--adapter", "vllm-live", "--quiet", "--report", str(report)]) == 2
+    data = json.loads(report.read_text())
+    assert data["status"] == "error" and "vllm is not installed" in data["error"]
+    assert {r["verdict"] for r in data["invariants"]} == {"unknown"}
+
+
+@pytest.mark.usefixtures("no_vllm")
+def test_the_plugin_item_of_the_live_adapter_fails_when_it_cannot_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest("--kvspec-adapter=vllm-live")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*ERROR: the check could not run: the server did not come up*"])
