@@ -82,7 +82,7 @@ def test_workload_json_round_trip_and_schedule_shape(name: str, tmp_path: Path) 
             assert op.op == "append" and op.req in live
         peak = max(peak, len(live))
     assert not live
-    assert peak <= data["params"]["concurrency"] * (3 if data["params"].get("mode") == "pressure" else 1)
+    assert peak <= data["params"]["concurrency"]
 
 
 def test_workload_rejects_unknown_names_and_schemas() -> None:
@@ -168,6 +168,7 @@ def test_conversations_extend_their_history_and_start_from_a_shared_persona(mode
                 continued += 1
             else:
                 restarted += 1
+    assert len(_sessions(w)) == p["sessions"] * (3 if mode == "pressure" else 1)
     assert len(personas) <= p["personas"]  # every prompt opens with one of the shared persona prompts
     assert continued > restarted
     if mode in ("random_topic", "persona_rotation"):
