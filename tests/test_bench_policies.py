@@ -363,15 +363,18 @@ def test_cli_could_not_run_exits_2(tmp_path: Path) -> None:
 
 
 def test_register_adds_bench_and_takes_more_subcommands(monkeypatch: pytest.MonkeyPatch) -> None:
-    def register_live(bench_sub: Any) -> None:
-        bench_sub.add_parser("live").set_defaults(handler=lambda args: 0)
+    def register_extra(bench_sub: Any) -> None:
+        bench_sub.add_parser("extra").set_defaults(handler=lambda args: 0)
 
-    monkeypatch.setattr(bench_cli, "SUBCOMMANDS", [*bench_cli.SUBCOMMANDS, register_live])
+    names = [add.__name__ for add in bench_cli.SUBCOMMANDS]
+    assert names == ["register_workloads", "register_policies", "register_live"]
+    monkeypatch.setattr(bench_cli, "SUBCOMMANDS", [*bench_cli.SUBCOMMANDS, register_extra])
     parser = argparse.ArgumentParser(prog="kvspec")
     bench_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "policies", "--vllm", "off", "--pool-fractions", "0.3"])
     assert args.handler is bench_cli.cmd_policies and args.pool_fractions == [0.3]
-    assert parser.parse_args(["bench", "live"]).handler(None) == 0
+    assert parser.parse_args(["bench", "extra"]).handler(None) == 0
+    assert parser.parse_args(["bench", "live", "--from-json", "x.json"]).bench_command == "live"
 
 
 def test_plot_says_why_not_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,8 @@
 
 ``register(subparsers)`` adds ``bench`` with one sub-subcommand per function in
 ``SUBCOMMANDS``; each function takes the ``bench`` group's subparsers and sets
-``handler`` (parsed args -> exit code). A new sub-subcommand (``bench live``) is
-one more function appended to ``SUBCOMMANDS`` before ``register`` runs.
+``handler`` (parsed args -> exit code). A new sub-subcommand is one more such
+function in ``SUBCOMMANDS`` (``bench live`` is registered that way).
 
 Exit codes: 0 done; 2 could not run (bad usage, an adapter that does not load,
 vLLM asked for with ``--vllm on`` but not installed). The A/B is a measurement,
@@ -101,7 +101,14 @@ def register_policies(bench_sub: Any) -> None:
     p.set_defaults(handler=cmd_policies)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [register_workloads, register_policies]
+def register_live(bench_sub: Any) -> None:
+    """``bench live``: the A/B on a live vLLM server (kvspec/bench/live_ab.py)."""
+    from .live_ab import register as register_live_ab
+
+    register_live_ab(bench_sub)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [register_workloads, register_policies, register_live]
 """Each adds one ``bench`` sub-subcommand; append to add another (e.g. ``bench live``)."""
 
 
