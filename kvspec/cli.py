@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from kvspec.adapters import AdapterFactory, AdapterLoadError, Capabilities, available, load
 from kvspec.adapters.vllm_live.server import register as register_serve_tiny
+from kvspec.bench.cli import register as register_bench
 from kvspec.formal_cli import register as register_formal
 from kvspec.gpu_checks.cli import register as register_gpu_check
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
@@ -60,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     register_gpu_check(sub)
     register_formal(sub)
     register_serve_tiny(sub)
+    register_bench(sub)
     return parser
 
 
