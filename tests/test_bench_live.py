@@ -416,7 +416,7 @@ def test_schema_problems_name_what_is_missing() -> None:
 # --------------------------------------------------------------------------- the real tiny vLLM server
 
 
-def test_small_ab_on_the_real_tiny_server(tmp_path: Path) -> None:
+def test_small_ab_on_the_real_server(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
     pytest.importorskip("prometheus_client", reason="vLLM's /metrics parsing needs prometheus-client")
     out = tmp_path / "ab.json"

@@ -520,9 +520,12 @@ def run_ab(
 
 # --------------------------------------------------------------------------- result schema
 
-_NUM = (int, float)
-_OPT_NUM = (int, float, type(None))
-SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+_Types = tuple[type, ...]
+_NUM: _Types = (int, float)
+_OPT_NUM: _Types = (int, float, type(None))
+_STR: _Types = (str,)
+_LIST: _Types = (list,)
+SCHEMA: dict[str, dict[str, _Types]] = {
     "": {
         "kvspec_bench_live": (int,),
         "started_at": (str,),
@@ -547,11 +550,11 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         (int,),
     )
     | {"vllm": (str, type(None))},
-    "run": {"arm": (str,)}
+    "run": {"arm": _STR}
     | dict.fromkeys(["run", "pair", "position"], (int,))
-    | {"startup_s": _NUM, "loadavg_1m": (list,)}
+    | {"startup_s": _NUM, "loadavg_1m": _LIST}
     | dict.fromkeys(["summary", "metrics_before", "metrics_after", "metrics_delta", "cache_config"], (dict,))
-    | {"requests": (list,)},
+    | {"requests": _LIST},
     "summary": dict.fromkeys(["requests", "ok", "failures", "output_tokens", "merged_chunk_requests"], (int,))
     | {"failure_reasons": (list,), "wall_s": _NUM}
     | dict.fromkeys(
@@ -732,22 +735,44 @@ def plot(result: dict[str, Any], path: Path) -> bool:
 # --------------------------------------------------------------------------- the real server
 
 
+# Overrides of the server module's TINY_CONFIG. "tiny" (2 layers, hidden 128) prefills 256 tokens in
+# well under a millisecond of compute, less than a step's fixed cost: a prefix hit cannot show in TTFT.
+# "small" (4 layers, hidden 512, ~15M parameters) makes the prefill a hit skips cost tens of ms on a CPU.
+MODEL_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "num_key_value_heads": 2, "head_dim": 64},
+}  # fmt: skip
+
+
+def kv_bytes_per_block(model: dict[str, Any], block_size: int) -> int:
+    """K and V of one block over all layers, bf16: 2 x layers x kv_heads x head_dim x block_size x 2 bytes."""
+    layers, kv_heads, head_dim = (int(model[k]) for k in ("num_hidden_layers", "num_key_value_heads", "head_dim"))
+    return 2 * layers * kv_heads * head_dim * block_size * 2
+
+
 class TinyVllmLauncher:
     """Launcher of the kit's tiny vLLM server (adapters/vllm_live/server.py), one fresh process per call.
 
     KV events are off: the benchmark reads /metrics and usage only, and both arms get the same flags.
     """
 
-    def __init__(self, block_size: int, num_blocks: int, max_num_seqs: int, startup_timeout_s: float) -> None:
-        from kvspec.adapters.vllm_live.server import ServerConfig
+    def __init__(
+        self, block_size: int, num_blocks: int, max_num_seqs: int, startup_timeout_s: float, model: str = "tiny"
+    ) -> None:
+        from kvspec.adapters.vllm_live.server import TINY_CONFIG, ServerConfig
 
+        shape = TINY_CONFIG | MODEL_SHAPES[model]
         self.config = ServerConfig(
             block_size=block_size,
             num_gpu_blocks=num_blocks,
+            # The pool is --num-gpu-blocks-override; the byte budget only has to hold it.
+            kv_cache_memory_bytes=max(4 << 20, kv_bytes_per_block(shape, block_size) * num_blocks),
             max_num_seqs=max_num_seqs,
             kv_events=False,
             dev_mode=False,
             startup_timeout_s=startup_timeout_s,
+            model=shape,
         )
         self.command: list[str] = []
         self.model_config: dict[str, Any] = {}
@@ -797,6 +822,7 @@ def configuration(args: argparse.Namespace, shape: WorkloadShape) -> dict[str, A
         "blocks_per_request": math.ceil((shape.prompt_tokens + shape.output_tokens) / args.block_size),
         "shared_prefix_blocks": shape.shared_tokens // args.block_size,
         "max_num_seqs": args.max_num_seqs,
+        "model_shape": args.model,
         "vllm": vllm_version(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
@@ -818,6 +844,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=32, help="tokens per KV block (32: the CPU minimum)")
     parser.add_argument("--num-blocks", type=int, default=64, help="KV pool size incl. the null block (default 64)")
     parser.add_argument("--max-num-seqs", type=int, default=8, help="vLLM --max-num-seqs (default 8)")
+    parser.add_argument(
+        "--model", choices=sorted(MODEL_SHAPES), default="small", help="random Llama shape: small (default) or tiny"
+    )
     parser.add_argument("--startup-timeout", type=float, default=240.0, help="seconds for a server to come up")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request fails")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds between the last answer and /metrics")
@@ -875,12 +904,15 @@ def cmd_live(args: argparse.Namespace, launcher: Launcher | None = None) -> int:
     result: dict[str, Any] = {
         "kvspec_bench_live": SCHEMA_VERSION,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
         "configuration": configuration(args, shape),
     }
     started = time.perf_counter()
     try:
         if launcher is None:
-            launcher = TinyVllmLauncher(args.block_size, args.num_blocks, args.max_num_seqs, args.startup_timeout)
+            launcher = TinyVllmLauncher(
+                args.block_size, args.num_blocks, args.max_num_seqs, args.startup_timeout, args.model
+            )
         result |= run_ab(
             launcher,
             shape,
@@ -899,7 +931,8 @@ def cmd_live(args: argparse.Namespace, launcher: Launcher | None = None) -> int:
         _write_json(args.json, result)
         return EXIT_COULD_NOT_RUN
     if isinstance(launcher, TinyVllmLauncher):
-        result["configuration"]["model"] = {"kind": "random-weight LlamaForCausalLM, bf16", **launcher.model_config}
+        kind = f"{args.model}: random-weight LlamaForCausalLM, bf16, word-level tokenizer"
+        result["configuration"]["model"] = {"kind": kind, **launcher.model_config}
         result["configuration"]["server_command"] = launcher.command
     reported = result["runs"][0]["cache_config"] if result["runs"] else {}
     result["configuration"]["server_cache_config"] = reported
