@@ -16,9 +16,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .model import Content, Step, validate
-from .observation import Observation
+from .observation import ObjectView, Observation
 from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
-from .policies import BLOCK_ORDERS, FEATURES_USED, BlockFeatures, BlockOrder, OrderParams, child_counts, order_key
+from .policies import (
+    BLOCK_ORDERS,
+    FEATURES_USED,
+    BlockFeatures,
+    BlockOrder,
+    OrderParams,
+    child_counts,
+    order_key,
+    retention_score,
+)
 
 Problems = list[str] | None
 Kind = Literal["safety", "refinement", "policy"]
@@ -493,10 +502,13 @@ def no_spurious_refusal(t: Transition) -> Problems:
     """A refused admit, resume or append really lacked room: free + evictable capacity was short of its need.
 
     Evictable: unreferenced cached objects the operation does not hit itself. Holds
-    for every eviction order, whatever a policy protects.
+    for every eviction order, whatever a policy protects. Judged on every valid
+    admit, resume and append (one that succeeds holds it trivially).
     """
-    if t.outcome.status != "refused" or t.op.op not in ("admit", "resume", "append") or _bad_input(t) is not None:
+    if t.op.op not in ("admit", "resume", "append") or _bad_input(t) is not None:
         return None
+    if t.outcome.status != "refused":
+        return []
     need, evictable = _room(t)
     if t.before.free + evictable >= need:
         return [f"{t.op} was refused with {t.before.free} free + {evictable} evictable >= {need} needed"]
@@ -609,17 +621,21 @@ def _observed_features(t: Transition, order: BlockOrder) -> dict[Hashable, Block
 
 
 def policy_conformance(t: Transition) -> Problems:
-    """Each evicted block is the first of the declared eviction order among the candidates left at that moment.
+    """Each evicted object is the first of the declared eviction order among the candidates left at that moment.
 
     The order is computed from what the checker observes (ObjectView hits and
     last_used, the LRU release order and share degrees it tracked itself, the
     cached keys' contents); unknown when a feature the order reads is not
-    observable. Every order but lru also takes uncached free blocks before it
-    evicts any cached one.
+    observable. Every block order but lru also takes uncached free blocks before
+    it evicts any cached one.
     """
     sem = t.semantics
     evicted = [e.oid for e in t.events if e.kind == "evict"]
-    if sem.granularity != "block" or sem.eviction not in BLOCK_ORDERS or not evicted:
+    if not evicted:
+        return None
+    if sem.granularity != "block":
+        return _ledger_conformance(t, evicted)
+    if sem.eviction not in BLOCK_ORDERS:
         return None
     order: BlockOrder = sem.eviction
     problems = []
@@ -663,6 +679,46 @@ def policy_conformance(t: Transition) -> Problems:
             )
         del features[oid]
         cached.pop(oid, None)
+    return problems
+
+
+def _ledger_key(t: Transition, o: ObjectView) -> tuple[float, ...] | None:
+    """Record and entry granularity: the spec's eviction key of one object, from its observed hits, use and size.
+
+    lifecycle: (hits, last_used, -size). score (entries): (retention score as of the
+    entry's last access, last_used); the score is taken at age 0 when an entry is
+    refreshed, so it follows from hits and size alone.
+    """
+    if o.hits is None or o.last_used is None:
+        return None
+    if t.semantics.eviction == "lifecycle":
+        return (o.hits, o.last_used, -o.size)
+    if t.semantics.eviction == "score" and t.semantics.granularity == "entry":
+        return (retention_score(o.hits, o.size, 0, t.config.capacity), o.last_used)
+    return None
+
+
+def _ledger_conformance(t: Transition, evicted: list[Hashable]) -> Problems:
+    keys: dict[Hashable, tuple[float, ...]] = {}
+    for oid, o in t.before.objects.items():
+        if o.ref_count:
+            continue
+        key = _ledger_key(t, o)
+        if key is None:
+            return None
+        keys[oid] = key
+    problems = []
+    for oid in evicted:
+        if oid not in keys:
+            problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
+            continue
+        first = min(keys, key=keys.__getitem__)
+        if first != oid:
+            problems.append(
+                f"{t.op} evicted {oid!r} (rank key {_fmt(keys[oid])}) but {t.semantics.eviction} ranks "
+                f"{first!r} (rank key {_fmt(keys[first])}) first"
+            )
+        del keys[oid]
     return problems
 
 

@@ -115,9 +115,10 @@ def test_seeded_bug_is_found_shrunk_saved_and_replayed(bug: SeededBug, tmp_path:
     assert replay(bug.correct, case, refine=True) is None
 
 
-def test_plain_lru_witness_is_caught_by_predicted_eviction() -> None:
-    """The bug the search misses is still caught on its hand-minimised witness, and only by refinement:
-    evicting the older record with more hits instead of the newer one-hit record breaks no safety invariant."""
+def test_plain_lru_witness_is_caught_by_refinement_and_by_policy_conformance() -> None:
+    """The lifecycle bug's hand-minimised witness: evicting the older record with more hits instead of the newer
+    one-hit record breaks no safety invariant. Refinement catches it, and so does policy_conformance without
+    refinement, from the records' observed hits and last use."""
     bug = next(b for b in LIFECYCLE_BUGS if b.name == "lifecycle-plain-lru")
     config = Config(capacity=3, block_size=4)
     ops = [
@@ -132,9 +133,11 @@ def test_plain_lru_witness_is_caught_by_predicted_eviction() -> None:
     case = Case(bug.name, config, ops)
     found = replay(bug.factory, case, refine=True)
     assert found is not None and found.step == len(ops) - 1
-    assert set(found.failures) == {bug.invariant}
+    assert set(found.failures) == {bug.invariant, "policy_conformance"}
+    assert found.invariant == bug.invariant
     assert len(ops) <= bug.max_ops
-    assert replay(bug.factory, case, refine=False) is None
+    unrefined = replay(bug.factory, case, refine=False)
+    assert unrefined is not None and set(unrefined.failures) == {"policy_conformance"}
     assert replay(LifecycleSimAdapter, case, refine=True) is None
 
 
