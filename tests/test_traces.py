@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
 from kvspec.traces import check_trace
@@ -615,6 +617,43 @@ def test_malformed_line_exits_2_with_its_line_number(
     assert code == 2 and report["status"] == "error"
     assert report["trace"]["error_line"] == 5
     assert f"{bad}:5:" in err
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=5,
+)
+
+
+def _slots(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every position inside a JSON value, as a path of keys and indexes."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    out = []
+    for key, inner in items:
+        out.append((*path, key))
+        out += _slots(inner, (*path, key))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("path", "fmt"), [(KVSPEC_GOOD, "kvspec"), (SHARED_AWARE, "side-table"), (VLLM_GOOD, "vllm-events")]
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_changed_value_is_judged_never_a_crash(tmp_path: Path, path: Path, fmt: str, data: st.DataObject) -> None:
+    """Replace any one value anywhere in a good log: the check answers 0, 1 or 2 (with a line), never raises."""
+    lines = load(path)
+    at = data.draw(st.integers(0, len(lines) - 1), label="line")
+    slot = data.draw(st.sampled_from(_slots(lines[at])), label="slot")
+    parent = lines[at]
+    for key in slot[:-1]:
+        parent = parent[key]
+    parent[slot[-1]] = data.draw(JSON_VALUES, label="value")
+    result = check_trace(write(tmp_path, lines), fmt)
+    assert result.exit_code in (0, 1, 2)
+    if result.exit_code == 2 and fmt != "vllm-events":
+        assert result.error_line is not None, result.error
 
 
 def test_unreadable_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

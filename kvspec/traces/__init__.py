@@ -35,12 +35,18 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
     result = TraceResult(str(path), fmt, module.INVARIANTS)
     t0 = time.perf_counter()
+    judge: Judge | None = None
     try:
         lines = read_lines(Path(path))
         checker: Callable[[list[Line], Judge], None] = module.check
-        checker(lines, Judge(result, lines, context))
+        judge = Judge(result, lines, context)
+        checker(lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError, RecursionError) as exc:
+        # A value of a shape no format check foresaw: the trace cannot be judged, which is never a pass.
+        result.error = f"cannot read this line: {type(exc).__name__}: {exc}"
+        result.error_line = judge.current if judge is not None else None
     finally:
         result.duration_s = time.perf_counter() - t0
     return result

@@ -134,7 +134,7 @@ def observation_from_json(data: Any, line: int | None = None) -> Observation:
             None if raw_index is None else {decode(k, line): tuple(decode(o, line) for o in v) for k, v in raw_index}
         )
         return Observation(_int(data, "capacity", line), _int(data, "free", line), objects, requests, index)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(line, f"malformed observation: {type(exc).__name__}: {exc}") from exc
 
 

@@ -34,6 +34,7 @@ from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant
 
 TRACE_SCHEMA = 1
+MAX_REPLAY_BLOCKS = 1 << 20
 TRACE_ORDER = "trace_order"
 
 INVARIANTS: tuple[TraceInvariant, ...] = (
@@ -122,6 +123,7 @@ def _op(line: Line) -> Op:
 def check(lines: list[Line], judge: Judge) -> None:
     """Replay a kvspec trace through the spec; stop at the first violated invariant."""
     head = lines[0]
+    judge.at(head)
     if head.data.get("kvspec_trace") != TRACE_SCHEMA:
         raise TraceFormatError(
             head.number, f"not a kvspec trace header (kvspec_trace={head.data.get('kvspec_trace')!r})"
@@ -131,6 +133,9 @@ def check(lines: list[Line], judge: Judge) -> None:
     except (SpecError, TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(head.number, f"malformed config: {exc}") from exc
     semantics = semantics_from_json(head.need("semantics"), head.number)
+    if semantics.granularity == "block" and config.capacity > MAX_REPLAY_BLOCKS:
+        # The spec's ledger keeps one slot per block: a corrupted capacity must not exhaust memory.
+        raise TraceFormatError(head.number, f"capacity {config.capacity} is more blocks than the replay takes")
     result = judge.result
     result.adapter = str(head.data.get("adapter", ""))
     result.adapter_version = str(head.data.get("adapter_version", ""))
@@ -143,6 +148,7 @@ def check(lines: list[Line], judge: Judge) -> None:
     placeholder = Observation(config.capacity, config.capacity, {}, {})
     before = observation_from_json(head.data["observation"], head.number) if "observation" in head.data else None
     for step, line in enumerate(lines[1:]):
+        judge.at(line)
         number = line.need_int("step")
         order = [] if number == step else [_order_problem(step, number)]
         if judge.judge(line, step, {TRACE_ORDER: order}):

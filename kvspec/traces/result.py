@@ -191,11 +191,16 @@ class Judge:
         self._position = {line.number: i for i, line in enumerate(lines)}
         self._lines = lines
         self._order = [inv.name for inv in result.invariants]
+        self.current: int | None = None
         result.lines = len(lines)
 
     def unknown(self, name: str, reason: str) -> None:
         """Say why ``name`` cannot be judged on this trace (shown while it has no checks)."""
         self.result.unknown_reasons.setdefault(name, reason)
+
+    def at(self, line: Line) -> None:
+        """The line being read now, for an error that no format check foresaw."""
+        self.current = line.number
 
     def judge(self, line: Line, step: int, results: Mapping[str, list[str] | None]) -> bool:
         failures: dict[str, list[str]] = {}

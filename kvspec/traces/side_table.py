@@ -386,6 +386,7 @@ def check(lines: list[Line], judge: Judge) -> None:
     last_ts: float | None = None
     result = judge.result
     for step, line in enumerate(events):
+        judge.at(line)
         seq, ts = line.opt_int("seq"), line.opt_float("ts")
         order: list[str] = []
         if seq is not None:

@@ -51,6 +51,14 @@ def _validate_batch(line: Line) -> None:
             raise TraceFormatError(line.number, f"event {i} ({event['type']}) has no block_hashes list")
         if event["type"] == "BlockStored" and not isinstance(event.get("token_ids"), list):
             raise TraceFormatError(line.number, f"event {i} (BlockStored) has no token_ids list")
+        hashes = [
+            *event.get("block_hashes", []),
+            *([event["parent_block_hash"]] if event.get("parent_block_hash") else []),
+        ]
+        if any(isinstance(h, list | dict) for h in hashes):
+            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has a block hash that is not a scalar")
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in event.get("token_ids", [])):
+            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has token_ids that are not integers")
 
 
 def validate(line: Line) -> str | None:
@@ -65,8 +73,14 @@ def validate(line: Line) -> str | None:
             MetricSnapshot.from_json(line.data["metrics"])
         elif kind == "reset":
             _number(line, line.data["reset"], "ts")
-        elif kind == "config" and not isinstance(line.data["config"], dict):
-            raise TraceFormatError(line.number, "config must be an object")
+        elif kind == "config":
+            config = line.data["config"]
+            if not isinstance(config, dict):
+                raise TraceFormatError(line.number, "config must be an object")
+            for name in ("block_size", "num_gpu_blocks"):
+                value = config.get(name)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                    raise TraceFormatError(line.number, f"config {name} must be a positive integer, not {value!r}")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TraceFormatError(line.number, f"malformed {kind} record: {type(exc).__name__}: {exc}") from exc
     return kind
@@ -104,10 +118,14 @@ def check(lines: list[Line], judge: Judge) -> None:
         from kvspec.adapters.vllm_live.recorded import check_recorded
     except ImportError as exc:
         raise TraceFormatError(None, f"the vLLM event checker is not available: {exc}") from exc
-    kinds = [validate(line) for line in lines]
+    kinds = []
+    for line in lines:
+        judge.at(line)
+        kinds.append(validate(line))
+    judge.current = None  # the stream ledger reads the records as a whole, in time order
     try:
         stream = check_recorded([line.data for line in lines])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise TraceFormatError(None, f"the log cannot be checked: {type(exc).__name__}: {exc}") from exc
     result = judge.result
     config: dict[str, Any] = next(
