@@ -162,10 +162,30 @@ def check(lines: list[Line], judge: Judge) -> None:
         for event in events:
             result.coverage[event.kind] += 1
         if before is not None and after is not None:
-            transition = Transition(before, op, outcome, events, after, config, semantics, memory, predicted)
+            transition = Transition(
+                before=before,
+                op=op,
+                outcome=outcome,
+                events=events,
+                after=after,
+                config=config,
+                semantics=semantics,
+                memory=memory,
+                predicted=predicted,
+            )
             results = check_transition(transition)
         else:
-            transition = Transition(placeholder, op, outcome, events, placeholder, config, semantics, memory, predicted)
+            transition = Transition(
+                before=placeholder,
+                op=op,
+                outcome=outcome,
+                events=events,
+                after=placeholder,
+                config=config,
+                semantics=semantics,
+                memory=memory,
+                predicted=predicted,
+            )
             results = {inv.name: inv.check(transition) for inv in SPEC_INVARIANTS if inv.name in OBSERVATION_FREE}
             for inv in SPEC_INVARIANTS:
                 if inv.name not in OBSERVATION_FREE:
