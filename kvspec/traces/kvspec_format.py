@@ -161,31 +161,21 @@ def check(lines: list[Line], judge: Judge) -> None:
         result.coverage[f"{op.op}:{outcome.status}"] += 1
         for event in events:
             result.coverage[event.kind] += 1
-        if before is not None and after is not None:
-            transition = Transition(
-                before=before,
-                op=op,
-                outcome=outcome,
-                events=events,
-                after=after,
-                config=config,
-                semantics=semantics,
-                memory=memory,
-                predicted=predicted,
-            )
+        observed = before is not None and after is not None
+        transition = Transition(
+            before=before if before is not None and observed else placeholder,
+            op=op,
+            outcome=outcome,
+            events=events,
+            after=after if after is not None and observed else placeholder,
+            config=config,
+            semantics=semantics,
+            memory=memory,
+            predicted=predicted,
+        )
+        if observed:
             results = check_transition(transition)
         else:
-            transition = Transition(
-                before=placeholder,
-                op=op,
-                outcome=outcome,
-                events=events,
-                after=placeholder,
-                config=config,
-                semantics=semantics,
-                memory=memory,
-                predicted=predicted,
-            )
             results = {inv.name: inv.check(transition) for inv in SPEC_INVARIANTS if inv.name in OBSERVATION_FREE}
             for inv in SPEC_INVARIANTS:
                 if inv.name not in OBSERVATION_FREE:
