@@ -195,13 +195,6 @@ class SideTableLedger:
             results["lifecycle_transitions"] = []
         else:
             results["lifecycle_transitions"] = self._move(block_id, block, "block_allocated", ("free", "evicted"))
-        n = self.header.num_blocks
-        live = sum(1 for b in self.blocks.values() if b.state in ("allocated", "sealed", "cached"))
-        if n is not None and block.state in ("free", "evicted") and live + 1 > n:
-            results["capacity_conservation"] = [
-                *(results.get("capacity_conservation") or []),
-                f"{live + 1} blocks live or cached in a pool of {n}",
-            ]
         if block.block_hash is not None:
             self._unindex(block_id, block.block_hash)
         self.blocks[block_id] = block = _Block("allocated", 1)
