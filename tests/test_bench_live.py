@@ -413,7 +413,36 @@ def test_schema_problems_name_what_is_missing() -> None:
     assert any("arms.shared.failures" in p for p in schema_problems(result))
 
 
-# --------------------------------------------------------------------------- the real tiny vLLM server
+def test_committed_result_matches_the_schema() -> None:
+    path = ROOT / "docs" / "bench-live.json"
+    if not path.exists():
+        pytest.fail("docs/bench-live.json is missing: run the command in docs/bench-live.md")
+    result = json.loads(path.read_text())
+    assert schema_problems(result) == []
+    assert result["exit_code"] == 0 and len(result["runs"]) == 2 * result["configuration"]["pairs"]
+    # Every figure is recomputed from the raw per-request records it was summarised from.
+    for run in result["runs"]:
+        assert summarise_run(_reload(run)) == run["summary"]
+    arms = {arm: live_ab.summarise_arm([r for r in result["runs"] if r["arm"] == arm]) for arm in live_ab.ARMS}
+    assert arms == result["arms"]
+    assert live_ab.ratios(arms["unique"], arms["shared"]) == result["ratios_shared_over_unique"]
+    assert arms["shared"]["prefix_hit_tokens_usage"] > arms["unique"]["prefix_hit_tokens_usage"]
+
+
+def _reload(run: dict[str, Any]) -> live_ab.LoadResult:
+    fields = [{k: v for k, v in r.items() if k not in ("ttft_s", "tpot_s")} for r in run["requests"]]
+    return live_ab.LoadResult([live_ab.RequestResult(**f) for f in fields], run["summary"]["wall_s"])
+
+
+def test_a_recomputed_summary_catches_an_edited_request() -> None:
+    shape = WorkloadShape(requests=3, prompt_tokens=8, shared_tokens=4, output_tokens=3, concurrency=1)
+    run = json.loads(json.dumps(run_ab(FakeLauncher(), shape, 1, settle_s=0.0)["runs"][0]))
+    assert summarise_run(_reload(run)) == run["summary"]
+    run["requests"][0]["first_token_s"] += 1.0  # a hand-edited TTFT
+    assert summarise_run(_reload(run)) != run["summary"]
+
+
+# --------------------------------------------------------------------------- the real vLLM server
 
 
 def test_small_ab_on_the_real_server(tmp_path: Path) -> None:

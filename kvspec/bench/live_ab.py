@@ -723,7 +723,8 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     c = result["configuration"]
     fig.suptitle(
         f"kvspec bench live: N={c['requests']} P={c['prompt_tokens']} S={c['shared_tokens']} "
-        f"O={c['output_tokens']} C={c['concurrency']}, block {c['block_size']}, pool {c['num_blocks']} blocks"
+        f"O={c['output_tokens']} C={c['concurrency']}, block {c['block_size']}, pool {c['num_blocks']} blocks, "
+        f"model {c.get('model_shape', '?')}, {c.get('cpu_count')} CPUs"
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -737,7 +738,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
 
 # Overrides of the server module's TINY_CONFIG. "tiny" (2 layers, hidden 128) prefills 256 tokens in
 # well under a millisecond of compute, less than a step's fixed cost: a prefix hit cannot show in TTFT.
-# "small" (4 layers, hidden 512, ~15M parameters) makes the prefill a hit skips cost tens of ms on a CPU.
+# "small" (4 layers, hidden 512, ~13M parameters) makes the prefill a hit skips cost tens of ms on a CPU.
 MODEL_SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
