@@ -20,6 +20,7 @@ from kvspec.adapters.vllm_live.server import register as register_serve_tiny
 from kvspec.bench.cli import register as register_bench
 from kvspec.formal_cli import register as register_formal
 from kvspec.gpu_checks.cli import register as register_gpu_check
+from kvspec.traces.cli import register as register_trace
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
 from kvspec.stateful_tests.bounded import coverage_cases
 from kvspec.stateful_tests.live import LIVE_PROFILES, MODES, live_table, print_progress, run_live
@@ -62,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     register_formal(sub)
     register_serve_tiny(sub)
     register_bench(sub)
+    register_trace(sub)
     return parser
 
 
