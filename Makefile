@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-## Run the conformance suite against the embedded default adapter (the paged reference).
+## Run the conformance suite against the embedded default adapter (the paged reference) and its eviction policies.
 check: $(STAMP)
 	$(BIN)/kvspec check --adapter reference --profile ci
+	for a in reference-score reference-shared-aware reference-family-protect; do \
+		$(BIN)/kvspec check --adapter $$a --profile ci --quiet || exit $$?; done
 
 ## The kit's own tests, after lint, type and architecture checks.
 test: lint $(STAMP)
