@@ -20,11 +20,11 @@ from kvspec.adapters.vllm_live.server import register as register_serve_tiny
 from kvspec.bench.cli import register as register_bench
 from kvspec.formal_cli import register as register_formal
 from kvspec.gpu_checks.cli import register as register_gpu_check
-from kvspec.traces.cli import register as register_trace
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
 from kvspec.stateful_tests.bounded import coverage_cases
 from kvspec.stateful_tests.live import LIVE_PROFILES, MODES, live_table, print_progress, run_live
 from kvspec.stateful_tests.report import table, write_junit, write_report
+from kvspec.traces.cli import register as register_trace
 
 EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
