@@ -398,6 +398,25 @@ def test_server_that_cannot_start_exits_2_with_the_log_tail(tmp_path: Path, caps
     assert result["exit_code"] == 2 and result["server_log_tail"] == "ValueError: boom"
 
 
+def test_ctrl_c_keeps_the_runs_done_so_far(tmp_path: Path, capsys: Any) -> None:
+    launcher = FakeLauncher()
+
+    @contextlib.contextmanager
+    def interrupted_on_second_launch() -> Iterator[str]:
+        if launcher.started:
+            raise KeyboardInterrupt
+        with launcher() as url:
+            yield url
+
+    out = tmp_path / "ab.json"
+    args = _args(requests=2, prompt_tokens=8, shared_tokens=4, output_tokens=2, settle=0.0, json=out, quiet=True)
+    assert live_ab.cmd_live(args, launcher=interrupted_on_second_launch) == live_ab.EXIT_COULD_NOT_RUN
+    result = json.loads(out.read_text())
+    assert schema_problems(result) == []
+    assert result["error"] == "interrupted" and [r["arm"] for r in result["runs"]] == ["unique"]
+    assert "interrupted" in capsys.readouterr().err
+
+
 def test_schema_problems_name_what_is_missing() -> None:
     good: dict[str, Any] = {"runs": []}
     assert any("kvspec_bench_live" in p for p in schema_problems(good))

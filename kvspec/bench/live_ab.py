@@ -31,14 +31,17 @@ import math
 import os
 import platform
 import random
+import signal
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -271,12 +274,16 @@ def run_load(
 ) -> LoadResult:
     """Send every prompt with at most ``concurrency`` requests in flight; results in prompt order."""
     zero = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kvspec-bench") as pool:
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kvspec-bench")
+    try:
         futures = [
             pool.submit(stream_completion, base_url, model, p, max_tokens, index=i, clock_zero=zero, timeout=timeout)
             for i, p in enumerate(prompts)
         ]
         results = [f.result() for f in futures]
+    finally:
+        # On Ctrl-C the queued requests are dropped; only the C in flight are waited for.
+        pool.shutdown(wait=True, cancel_futures=True)
     return LoadResult(results, time.perf_counter() - zero)
 
 
@@ -495,7 +502,8 @@ def run_ab(
 ) -> dict[str, Any]:
     """Every run of the A/B (see run_order) on a fresh server; the runs, per-arm summaries and ratios.
 
-    Raises ServerDidNotStart, carrying the runs done so far in ``partial``, when a server fails to start.
+    Raises ServerDidNotStart when a server fails to start, KeyboardInterrupt on Ctrl-C; either carries
+    the runs done so far in ``partial``.
     """
     say = progress or (lambda line: None)
     prompts = {arm: make_prompts(arm, shape) for arm in ARMS}
@@ -504,8 +512,8 @@ def run_ab(
         say(f"run {number + 1}/{2 * pairs}: pair {pair}, {arm} ({'first' if position == 0 else 'second'})")
         try:
             run = run_one(launcher, arm, prompts[arm], shape, request_timeout=request_timeout, settle_s=settle_s)
-        except ServerDidNotStart as exc:
-            exc.partial = runs  # type: ignore[attr-defined]
+        except (ServerDidNotStart, KeyboardInterrupt) as exc:
+            exc.partial = runs  # type: ignore[union-attr]  # the caller still writes the runs done so far
             raise
         run |= {"run": number, "pair": pair, "position": position}
         s = run["summary"]
@@ -868,6 +876,23 @@ def register(bench_subparsers: Any) -> None:
     live.set_defaults(handler=cmd_live)
 
 
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Meanwhile SIGTERM raises KeyboardInterrupt, so a killed benchmark still stops its server and writes its JSON."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set signal handlers
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _write_json(path: Path | None, result: dict[str, Any]) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -910,18 +935,25 @@ def cmd_live(args: argparse.Namespace, launcher: Launcher | None = None) -> int:
     }
     started = time.perf_counter()
     try:
-        if launcher is None:
-            launcher = TinyVllmLauncher(
-                args.block_size, args.num_blocks, args.max_num_seqs, args.startup_timeout, args.model
+        with _sigterm_interrupts():
+            if launcher is None:
+                launcher = TinyVllmLauncher(
+                    args.block_size, args.num_blocks, args.max_num_seqs, args.startup_timeout, args.model
+                )
+            result |= run_ab(
+                launcher,
+                shape,
+                args.pairs,
+                request_timeout=args.request_timeout,
+                settle_s=args.settle,
+                progress=_progress(args.quiet),
             )
-        result |= run_ab(
-            launcher,
-            shape,
-            args.pairs,
-            request_timeout=args.request_timeout,
-            settle_s=args.settle,
-            progress=_progress(args.quiet),
-        )
+    except KeyboardInterrupt as exc:
+        print("kvspec bench live: interrupted; the servers are stopped", file=sys.stderr)
+        result |= {"error": "interrupted", "server_log_tail": "", "runs": getattr(exc, "partial", [])}
+        result |= {"duration_s": time.perf_counter() - started, "exit_code": EXIT_COULD_NOT_RUN}
+        _write_json(args.json, result)
+        return EXIT_COULD_NOT_RUN
     except (ServerDidNotStart, ImportError) as exc:
         tail = getattr(exc, "log_tail", "")
         print(f"kvspec bench live: the server could not start: {exc}", file=sys.stderr)
