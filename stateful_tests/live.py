@@ -36,6 +36,7 @@ from kvspec.adapters.vllm_live.server import ServerStartError
 from kvspec.spec.stream import STREAM_INVARIANTS, StreamResult
 
 from .conformance import REPORT_SCHEMA
+from .report import status_line
 
 MODES = ("exact", "load", "both")
 FIRST_TOKEN = 3  # 0-2 are the tokenizer's unk, bos, eos
@@ -338,12 +339,7 @@ def live_table(result: LiveResult) -> str:
         lines.append(f"finding: {json.dumps(finding)[:300]}")
     for case in result.cases:
         lines.append(f"recorded log saved: {case}  (re-check offline: check_recorded)")
-    if result.status == "error":
-        lines.append(f"ERROR: the check could not run: {result.error}")
-    elif result.status == "interrupted":
-        lines.append("INTERRUPTED: the verdicts above cover only what ran")
-    else:
-        lines.append("PASSED: every invariant held" if result.status == "passed" else "FAILED")
+    lines.append(status_line(result.status, result.error))
     return "\n".join(lines)
 
 

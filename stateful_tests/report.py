@@ -45,13 +45,17 @@ def table(result: Result) -> str:
         lines.append(f"finding ({finding['kind']}): {finding.get('message') or finding.get('problems')}")
     for case in result.cases:
         lines.append(f"case saved: {case}  (replay: kvspec replay {case} --adapter {result.adapter})")
-    if result.status == "error":
-        lines.append(f"ERROR: the check could not run: {result.error}")
-    elif result.status == "interrupted":
-        lines.append("INTERRUPTED: the verdicts above cover only what ran")
-    else:
-        lines.append("PASSED: every invariant held" if result.status == "passed" else "FAILED")
+    lines.append(status_line(result.status, result.error))
     return "\n".join(lines)
+
+
+def status_line(status: str, error: str | None) -> str:
+    """The last line of a table: whether every invariant held, and why not."""
+    if status == "error":
+        return f"ERROR: the check could not run: {error}"
+    if status == "interrupted":
+        return "INTERRUPTED: the verdicts above cover only what ran"
+    return "PASSED: every invariant held" if status == "passed" else "FAILED"
 
 
 def write_report(result: Result, path: Path) -> None:
