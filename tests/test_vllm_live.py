@@ -7,7 +7,6 @@ Needs vLLM with its ZMQ, msgspec and prometheus-client dependencies (the vLLM CP
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ pytest.importorskip("prometheus_client", reason="/metrics is parsed with prometh
 from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
 from kvspec.adapters.vllm_live.events import EventSubscriber
 from kvspec.adapters.vllm_live.recorded import check_recorded, load_log
-from kvspec.adapters.vllm_live.server import Endpoints
+from kvspec.adapters.vllm_live.server import Endpoints, group_alive
 from kvspec.stateful_tests.live import Burst, LiveProfile, run_live
 
 SMALL = LiveProfile("small", exact_requests=40, bursts=(Burst("pressure", 8, 200, 250),), max_new_tokens=24)
@@ -84,14 +83,6 @@ def test_without_a_replay_socket_a_missed_batch_is_a_reported_gap(vllm_live_serv
         subscriber.close()
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_serve_tiny_serves_until_interrupted_and_leaves_no_process(tmp_path: Path) -> None:
     info_path = tmp_path / "endpoints.json"
     cli = subprocess.Popen(
@@ -108,10 +99,10 @@ def test_serve_tiny_serves_until_interrupted_and_leaves_no_process(tmp_path: Pat
         assert info["url"].startswith("http://127.0.0.1:") and info["events"].startswith("ipc://")
         with urllib.request.urlopen(f"{info['url']}/health", timeout=10) as response:
             assert response.status == 200
-        assert _group_alive(info["pid"])
+        assert group_alive(info["pid"])
         cli.send_signal(signal.SIGINT)
         assert cli.wait(timeout=60) == 0
-        assert not _group_alive(info["pid"])  # the server and its engine core are gone
+        assert not group_alive(info["pid"])  # the server and its engine core are gone
         assert not Path(info["events"].removeprefix("ipc://")).parent.exists()  # the private folder too
     finally:
         if cli.poll() is None:

@@ -165,6 +165,30 @@ def stop_process_group(server: subprocess.Popen[bytes], grace_s: float = 20.0) -
         os.killpg(server.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(timeout=10)
+    # The engine core's processes are reaped by init, not by us: return once none of them still runs.
+    deadline = time.monotonic() + 10
+    while group_alive(server.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. Zombies are dead (only init's reaping is left)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its closing paren.
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 class TinyServer:
