@@ -6,8 +6,10 @@ its hash there and is evicted lazily, when it is popped for reuse. A new request
 reuses the longest chain of cached full blocks of its prompt.
 
 Which cached block is evicted is the eviction policy's choice (reference/policies.py):
-``lru`` pops the free queue's head, as vLLM does; any other policy takes uncached
-free blocks first and then evicts the candidate it ranks first. The pool keeps a
+``lru`` pops the free queue's head, as vLLM before 0.24 does; with ``uncached_first``
+(the default of every other policy, and vLLM from 0.24 on, which frees uncached blocks to
+the queue's head) the pool takes uncached free blocks first and then evicts the candidate
+the policy ranks first. The pool keeps a
 side table per block (hit_count, share_degree, prefix depth, last use, free queue
 sequence; branch factor from its cached children) for the policies and for logs.
 """
@@ -88,6 +90,7 @@ class PagedPrefixCache:
         hit_cap: bool = True,
         policy: EvictionPolicy | None = None,
         admission_anchor_blocks: int | None = None,
+        uncached_first: bool | None = None,
     ) -> None:
         """A pool of ``num_blocks`` empty blocks of ``block_size`` tokens.
 
@@ -95,6 +98,8 @@ class PagedPrefixCache:
         admission_anchor_blocks: a request with no prefix hit caches at most this
         many of its full blocks, its first ones; the rest stay uncached, to be
         reused before any cached block is evicted (None: no limit).
+        uncached_first: take free blocks that hold no cached hash before evicting any
+        (None: for every policy but lru).
 
         The bounds below only keep CrossHair's symbolic pools small; any size works.
 
@@ -115,6 +120,9 @@ class PagedPrefixCache:
         self.evictions: list[tuple[str, int, bytes]] = []
         self.policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
         self.admission_anchor_blocks = admission_anchor_blocks
+        self.uncached_first = self.policy.name != "lru" if uncached_first is None else uncached_first
+        if not self.uncached_first and self.policy.name != "lru":
+            raise ValueError("only lru may evict a cached block while uncached ones are free")
         self.clock = 0  # advances on every allocate and append
         self.free_seqs = 0  # blocks that ever joined the free queue
         self.req_cache_limit: dict[str, int | None] = {}
@@ -175,8 +183,9 @@ class PagedPrefixCache:
         )
 
     def _next_victim(self) -> Block:
-        """The free block to take next: the queue head under lru; else an uncached block, else the policy's first."""
-        if self.policy.name == "lru":
+        """The free block to take next: plain lru pops the queue's head, cached or not; otherwise
+        an uncached block if any, else the candidate the policy ranks first."""
+        if not self.uncached_first:
             return next(iter(self.free_queue.values()))
         for block in self.free_queue.values():
             if block.block_hash is None:

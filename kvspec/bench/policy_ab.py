@@ -306,17 +306,6 @@ def first_divergence(a: Sequence[int | None], b: Sequence[int | None]) -> int | 
 # -- controls: reference pools the built-in adapters do not offer -----------------------------------
 
 
-class _LruUncachedFirst(LRUPolicy):
-    """The free queue order, under a name other than "lru": the pool then takes uncached blocks first.
-
-    That is vLLM's free queue from 0.24 on (freed blocks holding no cached key go to
-    the head), and what every non-lru reference policy does too, so it is the control
-    that separates "take uncached blocks first" from each policy's own order.
-    """
-
-    name = "lru_uncached_first"
-
-
 def _variant(name: str, semantics: Semantics, policy: Callable[[], EvictionPolicy]) -> type[ReferencePagedAdapter]:
     def pool(config: Config) -> PagedPrefixCache:
         return PagedPrefixCache(
@@ -325,6 +314,8 @@ def _variant(name: str, semantics: Semantics, policy: Callable[[], EvictionPolic
             hit_cap=semantics.hit_cap,
             policy=policy(),
             admission_anchor_blocks=semantics.admission_anchor_blocks,
+            # vLLM >= 0.24 frees uncached blocks to the queue's head: they are taken first.
+            uncached_first=semantics.eviction != "lru" or semantics.free_uncached == "head",
         )
 
     class Variant(ReferencePagedAdapter):
@@ -339,7 +330,7 @@ def _variant(name: str, semantics: Semantics, policy: Callable[[], EvictionPolic
 
 CONTROLS: dict[str, type[ReferencePagedAdapter]] = {
     "reference-lru-uncached-first": _variant(
-        "reference-lru-uncached-first", Semantics(eviction="lru", free_uncached="head"), _LruUncachedFirst
+        "reference-lru-uncached-first", Semantics(eviction="lru", free_uncached="head"), LRUPolicy
     ),
     "reference-family-protect-nogate": _variant(
         "reference-family-protect-nogate",
