@@ -138,7 +138,7 @@ def cmd_check_live(args: argparse.Namespace, factory: AdapterFactory) -> int:
         args.report.parent.mkdir(parents=True, exist_ok=True)
         args.report.write_text(json.dumps(result.to_json(), indent=2) + "\n")
     if args.junit:
-        write_junit(cast(Result, result), args.junit)  # reads only the fields the two results share
+        write_junit(result, args.junit)
     print(live_table(result))
     return result.exit_code
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any, Protocol
 
 from .conformance import Result
 
@@ -58,12 +59,23 @@ def status_line(status: str, error: str | None) -> str:
     return "PASSED: every invariant held" if status == "passed" else "FAILED"
 
 
+class Verdicts(Protocol):
+    """What a JUnit file is written from: the suite's Result and the live runner's result both have it."""
+
+    adapter: str
+    status: str
+    error: str
+    duration_s: float
+
+    def verdicts(self) -> list[dict[str, Any]]: ...
+
+
 def write_report(result: Result, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
 
 
-def write_junit(result: Result, path: Path) -> None:
+def write_junit(result: Verdicts, path: Path) -> None:
     """One testcase per invariant: a failure when violated, skipped when unknown."""
     rows = result.verdicts()
     suite = ET.Element(
