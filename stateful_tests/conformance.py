@@ -32,6 +32,23 @@ from .strategies import DEFAULT_RANGES, PoolRanges
 
 CASE_SCHEMA = 1
 REPORT_SCHEMA = 1
+# The report's top-level keys every writer keeps (DESIGN.md, external contracts); writers may add more.
+REPORT_KEYS: frozenset[str] = frozenset(
+    {
+        "kvspec_report",
+        "adapter",
+        "adapter_version",
+        "profile",
+        "seed",
+        "started_at",
+        "duration_s",
+        "examples",
+        "steps",
+        "invariants",
+        "findings",
+        "cases",
+    }
+)
 
 
 @dataclass(frozen=True)

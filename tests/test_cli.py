@@ -11,21 +11,7 @@ import pytest
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli import main
 from kvspec.spec import INVARIANT_NAMES, Op, Outcome
-
-REPORT_KEYS = {
-    "kvspec_report",
-    "adapter",
-    "adapter_version",
-    "profile",
-    "seed",
-    "started_at",
-    "duration_s",
-    "examples",
-    "steps",
-    "invariants",
-    "findings",
-    "cases",
-}
+from kvspec.stateful_tests.conformance import REPORT_KEYS
 
 
 def test_check_reference_passes_and_writes_report_and_junit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from kvspec.stateful_tests.conformance import REPORT_SCHEMA
+
 from .lines import Line
 
-REPORT_SCHEMA = 1  # the same report shape as `kvspec check` (stateful_tests/conformance.py)
 Verdict = Literal["held", "violated", "unknown"]
 EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
