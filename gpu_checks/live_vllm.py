@@ -15,7 +15,6 @@ server did not come up). The server is always stopped before the process exits.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import tempfile
@@ -24,22 +23,17 @@ from typing import Any
 
 from kvspec.adapters.vllm_live.server import ServerConfig, ServerStartError, TinyServer
 from kvspec.gpu_checks.footprint import KVBlockShape
-from kvspec.gpu_checks.vllm_agreement import check_live_server, shape_from_hf_config, vllm_missing, vllm_version
-
-EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
+from kvspec.gpu_checks.vllm_agreement import check_live_server, shape_from_hf_config
+from kvspec.report import ExitCode
+from kvspec.vllm_env import vllm_missing, vllm_version
 
 
 def run(budget: int, block_size: int, timeout: float, workdir: Path) -> tuple[int, dict[str, Any]]:
     record: dict[str, Any] = {"budget_bytes": budget, "block_size": block_size}
-    reason = vllm_missing()
-    if reason is None:
-        try:
-            importlib.import_module("transformers")
-        except ImportError as exc:
-            reason = f"transformers not installed ({exc})"
+    reason = vllm_missing("transformers")
     if reason is not None:
         record["skipped"] = reason
-        return EXIT_COULD_NOT_RUN, record
+        return ExitCode.COULD_NOT_RUN, record
     record["vllm"] = vllm_version()
     # No block-count override and no event stream: the pool is sized from the budget alone.
     config = ServerConfig(
@@ -56,7 +50,7 @@ def run(budget: int, block_size: int, timeout: float, workdir: Path) -> tuple[in
     except ServerStartError as exc:
         record["command"], record["startup_s"] = server.command, server.startup_s
         record["skipped"] = str(exc).splitlines()[0]
-        return EXIT_COULD_NOT_RUN, record
+        return ExitCode.COULD_NOT_RUN, record
     try:
         record["command"], record["startup_s"] = server.command, server.startup_s
         shape: KVBlockShape = shape_from_hf_config(server.model_config, block_size, "bfloat16")
@@ -69,7 +63,7 @@ def run(budget: int, block_size: int, timeout: float, workdir: Path) -> tuple[in
     record["held"] = all(c.held for c in checks)
     for check in checks:
         print(check.line())
-    return (EXIT_HELD if record["held"] else EXIT_VIOLATED), record
+    return (ExitCode.HELD if record["held"] else ExitCode.VIOLATED), record
 
 
 def main(argv: list[str] | None = None) -> int:

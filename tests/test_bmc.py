@@ -17,7 +17,7 @@ import z3
 from seeded_bugs import PAGED_BUGS
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
-from kvspec.formal_cli import register
+from kvspec.cli.formal import register
 from kvspec.spec import LedgerModel
 from kvspec.spec.bmc import bmc, inductive_lemmas, prove
 from kvspec.spec.goals import GOALS, reach

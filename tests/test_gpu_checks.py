@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from kvspec.gpu_checks import cli as gpu_cli
+from kvspec.cli import main as kvspec_main
+from kvspec.gpu_checks import sections as gpu_sections
 from kvspec.gpu_checks.checks import Check, Section, compare
 from kvspec.gpu_checks.cuda_probe import CannotProbe, ProbeCase, cuda_missing, default_cases, judge, measure, probe
 from kvspec.gpu_checks.footprint import (
@@ -367,7 +368,8 @@ def test_page_size_agreement_holds_and_a_seeded_wrong_formula_is_reported() -> N
 
 def test_vllm_own_kv_cache_spec_agrees_with_the_kit() -> None:
     pytest.importorskip("torch", reason="vLLM not installed (and torch is missing too)")
-    from kvspec.gpu_checks.vllm_agreement import vllm_missing, vllm_page_size
+    from kvspec.gpu_checks.vllm_agreement import vllm_page_size
+    from kvspec.vllm_env import vllm_missing
 
     reason = vllm_missing()
     if reason is not None:
@@ -445,7 +447,7 @@ def test_cuda_skip_reason_is_clear_on_this_machine() -> None:
 
 def run_cli(argv: list[str], tmp_path: Path) -> tuple[int, dict[str, Any]]:
     out = tmp_path / "gpu.json"
-    code = gpu_cli.main(["gpu-check", "--json", str(out), *argv])
+    code = kvspec_main(["gpu-check", "--json", str(out), *argv])
     return code, json.loads(out.read_text())
 
 
@@ -472,14 +474,14 @@ def test_cli_require_cuda_turns_the_skip_into_could_not_run(tmp_path: Path) -> N
 
 
 def test_cli_rejects_a_non_positive_repeat_count(tmp_path: Path) -> None:
-    assert gpu_cli.main(["gpu-check", "--repeats", "0"]) == 2
+    assert kvspec_main(["gpu-check", "--repeats", "0"]) == 2
 
 
 def with_fake_cuda(monkeypatch: pytest.MonkeyPatch, make: Callable[[], object]) -> None:
-    monkeypatch.setattr(gpu_cli, "cuda_missing", lambda: None)
-    monkeypatch.setattr(gpu_cli, "TorchCudaBackend", make)
-    monkeypatch.setattr(gpu_cli, "environment", lambda backend=None: {"device_name": "simulated"})
-    monkeypatch.setattr(gpu_cli, "default_cases", lambda dtypes: CASES)
+    monkeypatch.setattr(gpu_sections, "cuda_missing", lambda: None)
+    monkeypatch.setattr(gpu_sections, "TorchCudaBackend", make)
+    monkeypatch.setattr(gpu_sections, "environment", lambda backend=None: {"device_name": "simulated"})
+    monkeypatch.setattr(gpu_sections, "default_cases", lambda dtypes: CASES)
 
 
 def test_cli_with_a_faithful_allocator_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -510,7 +512,7 @@ def test_cli_cannot_probe_an_unmodelled_allocator_exit_2(tmp_path: Path, monkeyp
 
 def test_live_check_without_vllm_cannot_run_and_says_why(tmp_path: Path) -> None:
     from kvspec.gpu_checks import live_vllm
-    from kvspec.gpu_checks.vllm_agreement import vllm_missing
+    from kvspec.vllm_env import vllm_missing
 
     if vllm_missing() is None:
         pytest.skip("vLLM is installed here: test_live_vllm_server_fits_its_budget covers the live check")
@@ -522,7 +524,7 @@ def test_live_check_without_vllm_cannot_run_and_says_why(tmp_path: Path) -> None
 @pytest.mark.skipif(os.environ.get("KVSPEC_LIVE_VLLM") != "1", reason="opt-in: set KVSPEC_LIVE_VLLM=1")
 def test_live_vllm_server_fits_its_budget(tmp_path: Path) -> None:
     from kvspec.gpu_checks import live_vllm
-    from kvspec.gpu_checks.vllm_agreement import vllm_missing
+    from kvspec.vllm_env import vllm_missing
 
     reason = vllm_missing()
     if reason is not None:

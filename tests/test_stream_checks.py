@@ -204,7 +204,7 @@ def test_without_an_event_stream_only_the_gauges_are_judged(records: Records) ->
 
 @pytest.fixture
 def no_vllm() -> None:
-    from kvspec.adapters.vllm_live.server import vllm_missing
+    from kvspec.adapters.vllm_live.server import server_missing as vllm_missing
 
     if vllm_missing() is None:
         pytest.skip("vLLM is installed here: tests/test_vllm_live.py runs the live adapter for real")

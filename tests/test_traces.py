@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvspec.cli import main
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
 from kvspec.stateful_tests.conformance import REPORT_KEYS
 from kvspec.traces import check_trace
-from kvspec.traces.cli import main
 from kvspec.traces.codec import decode, encode, observation_from_json, observation_to_json
 
 DATA = Path(__file__).parent / "data" / "traces"

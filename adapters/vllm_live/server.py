@@ -11,11 +11,9 @@ leaving the ``with`` block (error and Ctrl-C included) and at interpreter exit.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -29,8 +27,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
+
+from kvspec.vllm_env import vllm_missing
 
 TINY_CONFIG: dict[str, Any] = {
     "vocab_size": 1024,
@@ -57,12 +57,9 @@ class ServerStartError(RuntimeError):
         super().__init__(message + (f"\n--- server log (tail) ---\n{log_tail}" if log_tail else ""))
 
 
-def vllm_missing() -> str | None:
-    """Why this interpreter cannot run the server (vLLM or transformers missing), or None."""
-    for module in ("vllm", "transformers", "torch"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed in {sys.executable}"
-    return None
+def server_missing() -> str | None:
+    """Why this interpreter cannot run the server (vLLM, transformers or torch missing), or None."""
+    return vllm_missing("transformers", "torch")
 
 
 def build_tiny_model(folder: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -247,7 +244,7 @@ class TinyServer:
         """Build the model, spawn the server and wait for /health; raise :class:`ServerStartError` if it fails."""
         if self.process is not None:
             raise RuntimeError("TinyServer already started")
-        why = vllm_missing() if self.python == sys.executable else None
+        why = server_missing() if self.python == sys.executable else None
         if why is not None:
             raise ServerStartError(why)
         if self._given_workdir is not None:
@@ -320,79 +317,7 @@ __all__ = [
     "attach",
     "build_tiny_model",
     "free_port",
-    "register",
-    "serve_tiny",
+    "server_missing",
     "stop_process_group",
-    "vllm_missing",
     "wait_healthy",
 ]
-
-
-# -- kvspec serve-tiny --------------------------------------------------------------------
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``serve-tiny`` to the ``kvspec`` command line; the handler is ``args.handler``."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "serve-tiny",
-        help="run the kit's tiny vLLM server in the foreground (Ctrl-C stops it)",
-        description=(
-            "Build a tiny random-weight model (nothing is downloaded) and serve it with vLLM's OpenAI server on "
-            "127.0.0.1: prefix caching on, a small block pool, prompt token details, KV events on ipc:// in a "
-            "private temp folder. Prints the URL and event endpoints, then runs until Ctrl-C or SIGTERM, and "
-            "always stops the server. Exit 0 after a clean stop, 2 when the server did not come up or died."
-        ),
-    )
-    defaults = ServerConfig()
-    parser.add_argument("--num-gpu-blocks", type=int, default=defaults.num_gpu_blocks, help="pool size incl. null")
-    parser.add_argument("--block-size", type=int, default=defaults.block_size, help="tokens per block")
-    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
-    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    parser.add_argument("--timeout", type=float, default=defaults.startup_timeout_s, help="seconds to wait for health")
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the endpoints here")
-    parser.set_defaults(handler=serve_tiny)
-    return parser
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def serve_tiny(args: argparse.Namespace) -> int:
-    """Run :class:`TinyServer` until interrupted; print its endpoints once it is healthy."""
-    config = ServerConfig(
-        block_size=args.block_size,
-        num_gpu_blocks=args.num_gpu_blocks,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        startup_timeout_s=args.timeout,
-    )
-    # Ctrl-C and SIGTERM both stop the server; SIGINT explicitly, since a background launch may ignore it.
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    server = TinyServer(config)
-    try:
-        print("kvspec serve-tiny: building the model and starting vLLM ...", file=sys.stderr, flush=True)
-        endpoints = server.start()
-        info = {
-            **endpoints.to_json(),
-            "startup_s": server.startup_s,
-            "pid": server.process.pid if server.process else None,
-        }
-        for key in ("url", "events", "replay", "model", "startup_s", "pid"):
-            print(f"{key}={info[key]}", flush=True)
-        if args.json is not None:
-            args.json.write_text(json.dumps(info, indent=2) + "\n")
-        while server.running:
-            time.sleep(0.5)
-        print(f"kvspec serve-tiny: the server exited\n{server.log_tail()}", file=sys.stderr)
-        return 2
-    except ServerStartError as exc:
-        print(f"kvspec serve-tiny: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("kvspec serve-tiny: stopping", file=sys.stderr)
-        return 0
-    finally:
-        server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

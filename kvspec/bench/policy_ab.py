@@ -357,10 +357,6 @@ def default_policies() -> list[str]:
     return [name for name in available() if name.startswith("reference")] + list(CONTROLS)
 
 
-def vllm_importable() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
 Progress = Callable[[str], None]
 
 

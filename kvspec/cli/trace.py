@@ -1,9 +1,7 @@
-"""`kvspec trace check` and `kvspec trace record`.
+"""``kvspec trace check`` and ``kvspec trace record``.
 
-`register(subparsers)` adds ``trace`` to the main parser; each sub-subcommand
-sets ``handler`` to a function of the parsed arguments that returns the kit's
-exit code: 0 every invariant held (or the trace was recorded), 1 a violation,
-2 the command could not run (unreadable file, malformed line, adapter failure).
+Exit codes: 0 every invariant held (or the trace was recorded), 1 a violation, 2 the
+command could not run (unreadable file, malformed line, adapter failure).
 """
 
 from __future__ import annotations
@@ -14,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvspec.report import ExitCode
 from kvspec.spec import Config, SpecError
+from kvspec.traces import FORMATS, check_trace, vllm_events
+from kvspec.traces.lines import TraceFormatError, read_lines
 
-from . import FORMATS, check_trace, vllm_events
-from .lines import TraceFormatError, read_lines
-from .result import EXIT_COULD_NOT_RUN, EXIT_HELD
+from .common import fail
 
 AUTO = "auto"
 
@@ -76,8 +75,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             fmt = detect_format(args.file)
         except TraceFormatError as exc:
-            print(f"kvspec: {args.file}: {exc}", file=sys.stderr)
-            return EXIT_COULD_NOT_RUN
+            return fail(f"{args.file}: {exc}")
     result = check_trace(args.file, fmt, context=max(args.context, 0))
     if args.report:
         result.write_report(args.report)
@@ -107,19 +105,16 @@ def _ops_source(args: argparse.Namespace) -> tuple[dict[str, int], list[Any] | N
 
 def cmd_record(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
-
-    from .record import RandomOps, RecordedStep, drive, write_kvspec_trace, write_side_table
+    from kvspec.traces.record import RandomOps, RecordedStep, drive, write_kvspec_trace, write_side_table
 
     try:
         fields, ops = _ops_source(args)
     except (OSError, ValueError, SpecError, TypeError, AttributeError) as exc:
-        print(f"kvspec: cannot read ops from {args.ops}: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return fail(f"cannot read ops from {args.ops}: {exc}")
     try:
         adapter = load(args.adapter)()
     except (AdapterLoadError, Exception) as exc:
-        print(f"kvspec: adapter {args.adapter!r} failed to load: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return fail(f"adapter {args.adapter!r} failed to load: {exc}")
     caps = adapter.capabilities
     if args.capacity is not None:
         fields["capacity"] = args.capacity
@@ -130,37 +125,24 @@ def cmd_record(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"kvspec: bad pool: {exc}", file=sys.stderr)
         adapter.close()
-        return EXIT_COULD_NOT_RUN
+        return ExitCode.COULD_NOT_RUN
     source = ops if ops is not None else RandomOps(args.seed, config, caps.ops, caps.semantics.granularity).next
     recorded: list[RecordedStep] = []
-    code = EXIT_HELD
+    code = ExitCode.HELD
     try:
         for step in drive(adapter, config, source, args.steps):
             recorded.append(step)
     except Exception as exc:  # the adapter is user code: what it did up to here is still written
         print(f"kvspec: adapter {args.adapter!r} raised at step {len(recorded)}: {exc!r}", file=sys.stderr)
-        code = EXIT_COULD_NOT_RUN
+        code = ExitCode.COULD_NOT_RUN
     try:
         if args.format == "side-table":
             write_side_table(args.out, adapter, config, recorded)
         else:
             write_kvspec_trace(args.out, adapter, config, recorded, observations=not args.no_observations)
     except ValueError as exc:
-        print(f"kvspec: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return fail(f"{exc}")
     finally:
         adapter.close()
     print(f"recorded {len(recorded)} steps of {adapter.name} ({args.format}) to {args.out}")
     return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run `trace ...` on its own (the kit's `kvspec` wires the same parser)."""
-    parser = argparse.ArgumentParser(prog="kvspec")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.handler(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,7 @@
-"""The formal subcommands of `kvspec`: bmc, prove, scenarios, crosshair.
+"""The formal subcommands of ``kvspec``: bmc, prove, scenarios, crosshair.
 
-`register(subparsers)` adds them to the main parser; each sets ``handler`` to a
-function of the parsed arguments that returns the external exit code: 0 held or
-proved, 1 a counterexample was found, 2 the check could not run or could not
-decide within its limits (never read that as a pass).
+Exit codes: 0 held or proved, 1 a counterexample was found, 2 the check could not run or
+could not decide within its limits (never read that as a pass).
 """
 
 from __future__ import annotations
@@ -13,7 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
+from kvspec.report import ExitCode
+
+from .common import fail
 
 
 def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:
@@ -66,11 +66,6 @@ def _bounds(args: argparse.Namespace) -> Any:
     return Bounds(args.blocks, args.requests, args.block_size, args.alphabet, args.max_append)
 
 
-def _fail(message: str) -> int:
-    print(f"kvspec: {message}", file=sys.stderr)
-    return EXIT_COULD_NOT_RUN
-
-
 def cmd_bmc(args: argparse.Namespace) -> int:
     from kvspec.spec.bmc import bmc
     from kvspec.spec.symbolic import BUGS
@@ -80,7 +75,7 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     if args.list_bugs:
         for bug in BUGS.values():
             print(f"{bug.name:<24} {bug.invariant:<30} {bug.description}")
-        return EXIT_HELD
+        return ExitCode.HELD
     try:
         bounds = _bounds(args)
         progress = None if args.quiet else (lambda k, t: print(f"  depth {k}: held ({t:.1f} s)", flush=True))
@@ -96,7 +91,7 @@ def cmd_bmc(args: argparse.Namespace) -> int:
             progress=progress,
         )
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     if result.lemmas is not None:
         lem = result.lemmas
         print(f"  (assumed {len(lem.conjuncts)} auxiliary conjuncts, proved inductive first in {lem.seconds:.1f} s)")
@@ -106,9 +101,9 @@ def cmd_bmc(args: argparse.Namespace) -> int:
             print(
                 f"holds up to {result.depth} (of {args.depth} requested) in {result.seconds:.1f} s: time limit reached"
             )
-            return EXIT_COULD_NOT_RUN
+            return ExitCode.COULD_NOT_RUN
         print(f"holds up to {result.depth} ({result.seconds:.1f} s)")
-        return EXIT_HELD
+        return ExitCode.HELD
     first = next(n for n in SAFETY if n in cex.invariants)
     print(f"COUNTEREXAMPLE at depth {len(cex.ops)} ({result.seconds:.1f} s): {', '.join(cex.invariants)}")
     for i, op in enumerate(cex.ops):
@@ -123,7 +118,7 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     }
     path = Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)
     print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
-    return EXIT_VIOLATED
+    return ExitCode.VIOLATED
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -146,7 +141,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
         print(f"k-induction, N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}:")
         aux, proofs = prove(bounds, args.invariant, max_k=args.max_k, time_limit=args.time_limit, progress=show)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     state = "1-inductive" if aux.proved else f"NOT inductive ({', '.join(aux.failing)})"
     print(f"  auxiliary invariants ({', '.join(AUXILIARY)}): {state}, {aux.seconds:.1f} s")
     every = prove_every_n()
@@ -165,9 +160,9 @@ def cmd_prove(args: argparse.Namespace) -> int:
     for r in scores:
         print(f"  {r.prop:<30} {'proved' if r.proved else 'COUNTEREXAMPLE ' + str(r.counterexample)}")
     if any(p.counterexample is not None for p in proofs) or any(r.counterexample for r in scores):
-        return EXIT_VIOLATED
+        return ExitCode.VIOLATED
     ok = all(p.proved for p in proofs) and aux.proved and every.proved and refinement.holds
-    return EXIT_HELD if ok and all(r.proved for r in scores) else EXIT_COULD_NOT_RUN
+    return ExitCode.HELD if ok and all(r.proved for r in scores) else ExitCode.COULD_NOT_RUN
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
@@ -182,7 +177,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 
         scenarios = generate(bounds, args.depth, time_per_goal=args.time_per_goal, progress=show)
     except ValueError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     written = save(scenarios, args.out or SCENARIO_DIR, case_files=args.case_files)
     total = len(scenarios.cases) + len(scenarios.unreached)
     print(
@@ -190,7 +185,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
         f"({scenarios.seconds:.1f} s); wrote {written[0]}"
         + (f" and {len(written) - 1} case files" if len(written) > 1 else "")
     )
-    return EXIT_HELD
+    return ExitCode.HELD
 
 
 def cmd_crosshair(args: argparse.Namespace) -> int:
@@ -204,7 +199,7 @@ def cmd_crosshair(args: argparse.Namespace) -> int:
         print(f"  {line}")
     if result.timed_out:
         print(f"did not finish within the budget of {args.budget:g} s")
-    elif result.exit_code == EXIT_COULD_NOT_RUN:
+    elif result.exit_code == ExitCode.COULD_NOT_RUN:
         print(result.output[-2000:], file=sys.stderr)
     print(f"{result.verdict} ({result.seconds:.1f} s)")
     return result.exit_code

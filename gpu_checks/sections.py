@@ -1,28 +1,26 @@
-"""``kvspec gpu-check``: the byte side of the spec's block count, on whatever this machine has.
+"""The sections of ``kvspec gpu-check``: the byte side of the spec's block count, on whatever this machine has.
 
-Sections, each run where it can and otherwise recorded as skipped with its reason:
+Each section runs where it can and is otherwise recorded as skipped with its reason:
 
 - ``arithmetic``: the kit's sizes for a few published model shapes (no dependency);
 - ``torch``: the dtype table and meta/CPU tensor sizes against torch (needs torch);
 - ``vllm``: the kit's per-layer size against vLLM's ``page_size_bytes`` (needs vLLM);
 - ``cuda``: the footprint assertions of :mod:`gpu_checks.cuda_probe` (needs a CUDA device).
 
-Exit codes (the kit's contract): 0 every assertion that ran held (a section may be skipped:
-without CUDA the CPU sections run and the CUDA one is skipped, so a CPU CI passes);
-1 a footprint mismatch was found; 2 the check could not be run (bad usage, an allocator
-configuration the probe does not model, a CUDA error, or ``--require-cuda`` on a machine
-without CUDA). The JSON (``--json``) is written whatever the outcome.
+:func:`gpu_check` runs them all and keeps the kit's exit-code contract: 0 every assertion that
+ran held (without CUDA the CPU sections run and the CUDA one is skipped, so a CPU CI passes);
+1 a footprint mismatch; 2 could not run (an allocator configuration the probe does not model,
+a CUDA error, or ``require_cuda`` on a machine without CUDA).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kvspec.gpu_checks.checks import Check, Section, compare
 from kvspec.gpu_checks.cuda_probe import (
@@ -36,32 +34,11 @@ from kvspec.gpu_checks.cuda_probe import (
 )
 from kvspec.gpu_checks.footprint import DTYPE_BYTES, KV_DTYPES, MODEL_SHAPES, KVBlockShape
 from kvspec.gpu_checks.torch_crosscheck import check_dtype_table, check_tensor_bytes, torch_dtype, torch_missing
-from kvspec.gpu_checks.vllm_agreement import check_page_sizes, vllm_missing, vllm_version
+from kvspec.gpu_checks.vllm_agreement import check_page_sizes
+from kvspec.report import ExitCode
+from kvspec.vllm_env import vllm_missing, vllm_version
 
-EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
 SCHEMA_VERSION = 1
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``gpu-check`` to the ``kvspec`` command line; the handler is ``args.handler``."""
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "gpu-check",
-        help="KV block byte sizes: arithmetic, torch and vLLM agreement, CUDA footprint (skipped without CUDA)",
-        description=(
-            "The byte side of the spec's block count: KV block sizes from shape and dtype, checked against "
-            "torch (meta/CPU tensors), vLLM's page size and, on a CUDA device, the caching allocator's measured "
-            "growth. Sections that cannot run here are skipped with the reason; exit 0 held, 1 mismatch, "
-            "2 could not run."
-        ),
-    )
-    parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the JSON result here")
-    parser.add_argument(
-        "--require-cuda", action="store_true", help="exit 2 instead of 0 when there is no CUDA device to measure"
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="repetitions of each CUDA case (default 3)")
-    parser.add_argument("--quick", action="store_true", help="measure one dtype's CUDA cases only (bfloat16)")
-    parser.set_defaults(handler=run)
-    return parser
 
 
 def arithmetic_section() -> Section:
@@ -104,7 +81,11 @@ def vllm_section() -> Section:
     reason = torch_missing() or vllm_missing()
     if reason is not None:
         return Section("vllm", skipped=reason)
-    return Section("vllm", checks=check_page_sizes(_kv_shapes_torch_has()), extra={"vllm": vllm_version()})
+    try:
+        checks = check_page_sizes(_kv_shapes_torch_has())
+    except ImportError as exc:  # installed, but its KV cache spec is not where this kit looks
+        return Section("vllm", skipped=f"vLLM's KV cache spec cannot be imported: {exc}")
+    return Section("vllm", checks=checks, extra={"vllm": vllm_version()})
 
 
 def cuda_section(repeats: int, quick: bool) -> tuple[Section, bool]:
@@ -127,7 +108,7 @@ def cuda_section(repeats: int, quick: bool) -> tuple[Section, bool]:
     return Section("cuda", checks=checks, extra=extra), False
 
 
-def _print_section(section: Section, out: Any) -> None:
+def print_section(section: Section, out: TextIO) -> None:
     if section.skipped is not None:
         print(f"SKIP {section.name}: {section.skipped}", file=out)
         return
@@ -140,11 +121,19 @@ def _print_section(section: Section, out: Any) -> None:
         print(check.line(), file=out)
 
 
-def run(args: argparse.Namespace) -> int:
-    """The ``gpu-check`` handler: run the sections, print a line each, write the JSON, return the exit code."""
-    if args.repeats <= 0:
-        print("kvspec gpu-check: --repeats must be positive", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+def gpu_check(
+    repeats: int = 3,
+    *,
+    quick: bool = False,
+    require_cuda: bool = False,
+    out: TextIO | None = None,
+    json_path: Path | None = None,
+) -> tuple[ExitCode, dict[str, Any]]:
+    """Run every section, printing a line each to ``out``; the exit code and the JSON record.
+
+    The record is written to ``json_path`` whatever the outcome, Ctrl-C included.
+    """
+    show: Callable[[Section], None] = (lambda s: print_section(s, out)) if out is not None else (lambda s: None)
     started = time.monotonic()
     record: dict[str, Any] = {
         "kvspec_gpu_check": SCHEMA_VERSION,
@@ -152,44 +141,30 @@ def run(args: argparse.Namespace) -> int:
     }
     sections: list[Section] = []
     could_not_run = False
+    code = ExitCode.COULD_NOT_RUN
     try:
         for make in (arithmetic_section, torch_section, vllm_section):
             section = make()
             sections.append(section)
-            _print_section(section, sys.stdout)
-        cuda, cuda_failed = cuda_section(args.repeats, args.quick)
+            show(section)
+        cuda, cuda_failed = cuda_section(repeats, quick)
         sections.append(cuda)
-        _print_section(cuda, sys.stdout)
-        could_not_run = cuda_failed or (cuda.skipped is not None and args.require_cuda)
+        show(cuda)
+        could_not_run = cuda_failed or (cuda.skipped is not None and require_cuda)
     finally:
         if any(s.violated for s in sections):
-            code = EXIT_VIOLATED
+            code = ExitCode.VIOLATED
         elif could_not_run:
-            code = EXIT_COULD_NOT_RUN
+            code = ExitCode.COULD_NOT_RUN
         else:
-            code = EXIT_HELD
+            code = ExitCode.HELD
         record["duration_s"] = round(time.monotonic() - started, 3)
-        record["exit_code"] = code
-        record["verdict"] = {EXIT_HELD: "held", EXIT_VIOLATED: "violated", EXIT_COULD_NOT_RUN: "could_not_run"}[code]
+        record["exit_code"] = int(code)
+        record["verdict"] = {ExitCode.HELD: "held", ExitCode.VIOLATED: "violated"}.get(code, "could_not_run")
         record["environment"] = environment()
         for section in sections:
             record[section.name] = section.to_json()
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(record, indent=2) + "\n")
-    if code == EXIT_COULD_NOT_RUN and args.require_cuda and sections[-1].skipped:
-        print("kvspec gpu-check: --require-cuda given and the CUDA part could not run", file=sys.stderr)
-    return code
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m kvspec.gpu_checks.cli``), the same as ``kvspec gpu-check``."""
-    parser = argparse.ArgumentParser(prog="kvspec")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    handler: Any = args.handler
-    return int(handler(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(record, indent=2) + "\n")
+    return code, record

@@ -1,38 +1,25 @@
-"""The `kvspec` command line.
-
-Exit codes (a stable contract): 0 every invariant held; 1 a violation was found
-(the report and a case file say which); 2 the check could not be run.
-"""
+"""``kvspec check``, ``kvspec replay`` and ``kvspec adapters``: the conformance suite on one adapter."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any, cast
 
 from kvspec.adapters import AdapterFactory, AdapterLoadError, Capabilities, available, load
-from kvspec.adapters.vllm_live.server import register as register_serve_tiny
-from kvspec.bench.cli import register as register_bench
-from kvspec.formal_cli import register as register_formal
-from kvspec.gpu_checks.cli import register as register_gpu_check
+from kvspec.report import ExitCode
 from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
-from kvspec.stateful_tests.bounded import coverage_cases
 from kvspec.stateful_tests.live import LIVE_PROFILES, MODES, live_table, print_progress, run_live
 from kvspec.stateful_tests.report import table, write_junit, write_report
-from kvspec.traces.cli import register as register_trace
 
-EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
+from .common import fail
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvspec", description=__doc__.splitlines()[0] if __doc__ else None)
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def register(sub: Any) -> None:
+    """Add check, replay and adapters to the ``kvspec`` subcommands."""
     check = sub.add_parser("check", help="run the conformance suite against one adapter")
     check.add_argument("--adapter", default="reference", help="adapter name or pkg.module:Factory (default: reference)")
     check.add_argument("--profile", choices=sorted(PROFILES), default="ci", help="ci: deterministic, bounded (default)")
@@ -53,18 +40,15 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("--replay", default=None, help="its KV event replay endpoint, to fill sequence gaps")
     live.add_argument("--record", type=Path, default=None, metavar="FILE", help="record the run as JSON lines here")
     live.add_argument("--mode", choices=MODES, default="both", help="exact (sequential), load (concurrent) or both")
+    check.set_defaults(handler=cmd_check)
 
     replay = sub.add_parser("replay", help="replay a saved case on an adapter")
     replay.add_argument("case", type=Path)
     replay.add_argument("--adapter", default=None, help="adapter to run it on (default: the case's own)")
+    replay.set_defaults(handler=cmd_replay)
 
-    sub.add_parser("adapters", help="list the adapters that can be loaded")
-    register_gpu_check(sub)
-    register_formal(sub)
-    register_serve_tiny(sub)
-    register_bench(sub)
-    register_trace(sub)
-    return parser
+    adapters = sub.add_parser("adapters", help="list the adapters that can be loaded")
+    adapters.set_defaults(handler=cmd_adapters)
 
 
 def _progress(quiet: bool) -> object:
@@ -79,17 +63,11 @@ def _progress(quiet: bool) -> object:
     return show
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     try:
         factory = load(args.adapter)
     except AdapterLoadError as exc:
-        print(f"kvspec: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+        return fail(str(exc))
     if getattr(factory, "live", False):
         return cmd_check_live(args, factory)
     # The coverage-goal cases of the bounded model (committed, found by Z3) run first, on any
@@ -97,6 +75,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     caps = getattr(factory, "capabilities", None)
     extra = []
     if not args.no_scenarios and isinstance(caps, Capabilities) and caps.fixed_config is None:
+        from kvspec.stateful_tests.bounded import coverage_cases  # Z3: imported only when it runs
+
         extra = coverage_cases(ops=caps.ops)
     result: Result | None = None
     try:
@@ -147,14 +127,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     try:
         case = Case.load(args.case)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"kvspec: cannot read case {args.case}: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return fail(f"cannot read case {args.case}: {exc}")
     name = args.adapter or case.adapter
     try:
         adapter = load(name)()
     except (AdapterLoadError, Exception) as exc:
-        print(f"kvspec: adapter {name!r} failed to load: {exc}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+        return fail(f"adapter {name!r} failed to load: {exc}")
     try:
         violation = replay_ops(adapter, case.config, case.ops)
     finally:
@@ -164,9 +142,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     expected = case.expected.get("invariant")
     if violation is None:
         print(f"every invariant held on {len(case.ops)} ops" + (f" (the case expected {expected})" if expected else ""))
-        return EXIT_HELD
+        return ExitCode.HELD
     print(f"VIOLATED {violation.invariant} at step {violation.step}:\n{violation}")
-    return EXIT_VIOLATED
+    return ExitCode.VIOLATED
 
 
 def cmd_adapters(args: argparse.Namespace) -> int:
@@ -183,19 +161,4 @@ def cmd_adapters(args: argparse.Namespace) -> int:
         except Exception as exc:
             status = f"not loadable: {exc}"
         print(f"{name:<16} {path}\n{'':<16} {status}")
-    return EXIT_HELD
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        builtin = {"check": cmd_check, "replay": cmd_replay, "adapters": cmd_adapters}
-        handler = getattr(args, "handler", None) or builtin[args.command]
-        return handler(args)
-    except KeyboardInterrupt:
-        print("kvspec: interrupted", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return ExitCode.HELD

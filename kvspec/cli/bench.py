@@ -1,9 +1,9 @@
-"""``kvspec bench``: workload files and the eviction-policy A/B.
+"""``kvspec bench``: workload files, the eviction-policy A/B, and the live-server A/B.
 
 ``register(subparsers)`` adds ``bench`` with one sub-subcommand per function in
 ``SUBCOMMANDS``; each function takes the ``bench`` group's subparsers and sets
 ``handler`` (parsed args -> exit code). A new sub-subcommand is one more such
-function in ``SUBCOMMANDS`` (``bench live`` is registered that way).
+function in ``SUBCOMMANDS``.
 
 Exit codes: 0 done; 2 could not run (bad usage, an adapter that does not load,
 vLLM asked for with ``--vllm on`` but not installed). The A/B is a measurement,
@@ -20,21 +20,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kvspec.bench import live_ab
+from kvspec.bench.policy_ab import DEFAULT_FRACTIONS, BenchError, default_policies, load_policy, plot, run_ab, table
+from kvspec.bench.workloads import GENERATORS, Workload, generate
+from kvspec.report import ExitCode
 from kvspec.spec import SpecError
+from kvspec.vllm_env import INSTALL_HINT, vllm_installed
 
-from .policy_ab import (
-    DEFAULT_FRACTIONS,
-    BenchError,
-    default_policies,
-    load_policy,
-    plot,
-    run_ab,
-    table,
-    vllm_importable,
-)
-from .workloads import GENERATORS, Workload, generate
+from .common import fail
 
-EXIT_DONE, EXIT_COULD_NOT_RUN = 0, 2
 DEFAULT_SEED = 0
 DEFAULT_BLOCK_SIZE = 16
 
@@ -103,9 +97,11 @@ def register_policies(bench_sub: Any) -> None:
 
 def register_live(bench_sub: Any) -> None:
     """``bench live``: the A/B on a live vLLM server (kvspec/bench/live_ab.py)."""
-    from .live_ab import register as register_live_ab
-
-    register_live_ab(bench_sub)
+    live = bench_sub.add_parser(
+        "live", help="A/B benchmark on a live vLLM server: unique prompts vs one long shared prefix"
+    )
+    live_ab.add_arguments(live)
+    live.set_defaults(handler=live_ab.cmd_live)
 
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [register_workloads, register_policies, register_live]
@@ -120,11 +116,6 @@ def register(subparsers: Any) -> None:
         add(bench_sub)
 
 
-def _fail(message: str) -> int:
-    print(f"kvspec: {message}", file=sys.stderr)
-    return EXIT_COULD_NOT_RUN
-
-
 def _generated(args: argparse.Namespace) -> list[Workload]:
     return [generate(name, args.seed, block_size=args.block_size) for name in (args.only or GENERATORS)]
 
@@ -133,12 +124,12 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     try:
         workloads = _generated(args)
     except (SpecError, TypeError) as exc:
-        return _fail(f"cannot generate workloads: {exc}")
+        return fail(f"cannot generate workloads: {exc}")
     for workload in workloads:
         path = args.out / f"{workload.name}.json"
         workload.save(path)
         print(f"{path}: {len(workload.ops)} ops, footprint {workload.footprint()} blocks")
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _loaded(folder: Path, only: list[str] | None) -> list[Workload]:
@@ -154,11 +145,11 @@ def cmd_policies(args: argparse.Namespace) -> int:
     try:
         workloads = _loaded(args.workloads, args.only) if args.workloads else _generated(args)
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return _fail(f"cannot load workloads: {exc}")
+        return fail(f"cannot load workloads: {exc}")
     policies = args.policies or default_policies()
     why_not = _vllm_unusable() if args.vllm != "off" else "--vllm off"
     if why_not and args.vllm == "on":
-        return _fail(f"--vllm on, but {why_not}")
+        return fail(f"--vllm on, but {why_not}")
     use_vllm = why_not is None
     if why_not:
         print(f"vLLM comparison skipped: {why_not}")
@@ -172,7 +163,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
             progress=lambda line: print(f"  ... {line}", file=sys.stderr, flush=True),
         )
     except BenchError as exc:
-        return _fail(str(exc))
+        return fail(str(exc))
     result["command"] = " ".join(["kvspec", "bench", "policies", *_argv_tail(args)])
     result["created_at"] = datetime.now(UTC).isoformat(timespec="seconds")
     print(table(result, markdown=args.markdown))
@@ -183,13 +174,13 @@ def cmd_policies(args: argparse.Namespace) -> int:
     if args.plot:
         why_not = plot(result, str(args.plot))
         print(why_not or f"plot: {args.plot}")
-    return EXIT_DONE
+    return ExitCode.DONE
 
 
 def _vllm_unusable() -> str | None:
     """Why the vllm adapter cannot run here (None: it can)."""
-    if not vllm_importable():
-        return "vLLM is not importable here (pip install kvspec[vllm])"
+    if not vllm_installed():
+        return f"vLLM is not importable here ({INSTALL_HINT})"
     try:
         load_policy("vllm")().close()
     except Exception as exc:  # any failure to build it means: no comparison, said so
@@ -199,21 +190,5 @@ def _vllm_unusable() -> str | None:
 
 def _argv_tail(args: argparse.Namespace) -> list[str]:
     """The arguments after ``policies`` as typed, for the record in the JSON."""
-    argv: list[str] = getattr(args, "argv", None) or sys.argv[1:]
+    argv: list[str] = args.argv
     return argv[argv.index("policies") + 1 :] if "policies" in argv else argv
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run ``bench`` on its own (``python -m kvspec.bench.cli policies ...``), as ``kvspec bench`` does."""
-    parser = argparse.ArgumentParser(prog="kvspec bench")
-    sub = parser.add_subparsers(dest="bench_command", required=True)
-    for add in SUBCOMMANDS:
-        add(sub)
-    args = parser.parse_args(argv)
-    args.argv = argv
-    code: int = args.handler(args)
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
