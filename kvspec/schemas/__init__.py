@@ -1,0 +1,74 @@
+"""The JSON Schemas of what the kit writes, shipped with it, and one way to check a document against them.
+
+Each schema is a file here (``<name>.schema.json``, JSON Schema 2020-12) carrying its own
+version; writers name the version in the document (``kvspec_report: 1``). :func:`problems`
+lists every way a document departs from its schema, each as one line that names the place
+(``runs[1].summary.ttft_median_s is missing``), so a reader can reject a file with a one-line
+error and a test can assert on the place.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+SCHEMAS = ("report", "case", "bench-live")
+
+
+@cache
+def schema(name: str) -> dict[str, Any]:
+    """The schema called ``name`` (one of SCHEMAS), as a dict."""
+    if name not in SCHEMAS:
+        raise ValueError(f"unknown schema {name!r}; known: {', '.join(SCHEMAS)}")
+    text = resources.files(__name__).joinpath(f"{name}.schema.json").read_text()
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+@cache
+def _validator(name: str) -> Draft202012Validator:
+    return Draft202012Validator(schema(name))
+
+
+def where(path: Iterable[str | int]) -> str:
+    """A JSON path as the kit writes it: ``runs[1].summary``; empty for the document itself."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _line(error: ValidationError) -> str:
+    place = where(error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [key for key in error.validator_value if key not in error.instance]
+        return "; ".join(f"{where([*error.absolute_path, key])} is missing" for key in missing)
+    if error.validator == "type":
+        wanted = error.validator_value
+        names = " or ".join(wanted) if isinstance(wanted, list) else str(wanted)
+        got = "null" if error.instance is None else type(error.instance).__name__
+        return f"{place or 'the document'} is {got}, not {names}"
+    return f"{place or 'the document'}: {error.message}"
+
+
+def problems(document: Any, name: str) -> list[str]:
+    """Every way ``document`` departs from schema ``name`` (empty when it conforms), in document order."""
+    errors = sorted(_validator(name).iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+    return [_line(error) for error in errors]
+
+
+def check(document: Any, name: str) -> None:
+    """Raise ValueError with the first few problems when ``document`` does not conform to schema ``name``."""
+    found = problems(document, name)
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        raise ValueError(f"not a valid {name}: {'; '.join(found[:3])}{more}")
+
+
+__all__ = ["SCHEMAS", "check", "problems", "schema", "where"]
