@@ -32,7 +32,7 @@ lint: $(STAMP) typecheck importlint
 
 # mypy cannot follow the package-dir mapping of an editable install: check an installed copy.
 typecheck: $(STAMP)
-	rm -rf $(TYPECHECK_DIR)
+	rm -rf $(TYPECHECK_DIR) build/lib  # setuptools reuses build/lib: a deleted module would linger there
 	$(BIN)/python -m pip install -q --no-deps --no-compile --target $(TYPECHECK_DIR) .
 	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy -p kvspec
 

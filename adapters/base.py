@@ -24,6 +24,9 @@ class Capabilities:
     fixed_config: the pool is fixed by the implementation (a live server): the
       suite uses it instead of drawing pool sizes.
     observes_index: the observation carries the cache index.
+    live: a running server checked from the outside (completions in, events out): it
+      implements the live protocol (``start``, ``complete``, ``check``, ...) instead of
+      ``apply``/``observe``, and ``kvspec check`` hands it to the live runner.
     """
 
     semantics: Semantics
@@ -32,6 +35,7 @@ class Capabilities:
     observes_index: bool = True
     version: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    live: bool = False
 
 
 @runtime_checkable

@@ -17,9 +17,8 @@ import pytest
 
 from kvspec.adapters import AdapterFactory, AdapterLoadError, load
 from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, server_missing
-from kvspec.stateful_tests import PROFILES, Result, run_check
-from kvspec.stateful_tests.live import LIVE_PROFILES, LiveResult, live_table, run_live
-from kvspec.stateful_tests.report import table
+from kvspec.report import Report
+from kvspec.stateful_tests import PROFILES, LiveTarget, Options, check_adapter
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,9 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 class ConformanceFailure(Exception):
-    def __init__(self, result: Result | LiveResult) -> None:
-        self.result = result
-        super().__init__(_render(result))
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        super().__init__(report.table())
 
 
 class KvspecItem(pytest.Item):
@@ -69,34 +68,22 @@ class KvspecItem(pytest.Item):
         return self.path, None, f"kvspec conformance of {self.adapter}"
 
 
-def _render(result: Result | LiveResult) -> str:
-    return live_table(result) if isinstance(result, LiveResult) else table(result)
-
-
-def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Result | LiveResult:
+def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Report:
     factory = load(adapter) if isinstance(adapter, str) else adapter
     name = adapter if isinstance(adapter, str) else getattr(adapter, "__name__", repr(adapter))
-    if getattr(factory, "live", False):  # a running server: the live runner, on the --kvspec-vllm-* endpoints
-        make: Any = factory
-        live = make(
-            url=config.getoption("--kvspec-vllm-url"),
-            events=config.getoption("--kvspec-vllm-events"),
-            replay=config.getoption("--kvspec-vllm-replay"),
-        )
-        return run_live(
-            live,
-            profile=LIVE_PROFILES[config.getoption("--kvspec-profile")],
-            seed=config.getoption("--kvspec-seed"),
-            cases_dir=cases_dir,
-        )
-    return run_check(
-        factory,
-        name=name,
-        profile=PROFILES[config.getoption("--kvspec-profile")],
+    options = Options(
+        profile=config.getoption("--kvspec-profile"),
         seed=config.getoption("--kvspec-seed"),
         max_examples=config.getoption("--kvspec-max-examples"),
         cases_dir=cases_dir,
+        scenarios=False,
+        live=LiveTarget(
+            url=config.getoption("--kvspec-vllm-url"),
+            events=config.getoption("--kvspec-vllm-events"),
+            replay=config.getoption("--kvspec-vllm-replay"),
+        ),
     )
+    return check_adapter(factory, name, options)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -116,16 +103,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 @pytest.fixture
-def kvspec_check(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Callable[[str | AdapterFactory], Result | LiveResult]:
-    """Run the conformance suite on an adapter (name, path or factory); fails the test on a violation."""
+def kvspec_check(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[str | AdapterFactory], Report]:
+    """Run the conformance suite on an adapter (name, path or factory); fails the test unless every invariant held."""
 
-    def check(adapter: str | AdapterFactory) -> Result | LiveResult:
-        result = _check(request.config, adapter, tmp_path / "cases")
-        if result.exit_code != 0:
-            pytest.fail(_render(result), pytrace=False)
-        return result
+    def check(adapter: str | AdapterFactory) -> Report:
+        report = _check(request.config, adapter, tmp_path / "cases")
+        if report.exit_code != 0:
+            pytest.fail(report.table(), pytrace=False)
+        return report
 
     return check
 

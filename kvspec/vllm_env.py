@@ -20,7 +20,7 @@ INSTALL_HINT = "pip install kvspec[vllm]"
 def vllm_missing(*needs: str) -> str | None:
     """Why vLLM (and the modules named in ``needs``) cannot be imported here, or None when they can."""
     if importlib.util.find_spec("vllm") is None:
-        return f"vLLM not installed in {sys.executable} ({INSTALL_HINT})"
+        return f"vLLM not installed: the package vllm is not installed in {sys.executable} ({INSTALL_HINT})"
     for module in needs:
         if importlib.util.find_spec(module) is None:
             return f"{module} not installed in {sys.executable} (needed beside vLLM)"

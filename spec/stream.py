@@ -122,7 +122,7 @@ class InFlight:
 
 @dataclass
 class StreamResult:
-    """Verdicts of the stream checks (rows shaped like the report's ``invariants``) and what was seen."""
+    """What the stream checks judged (per invariant: checks made, first violation) and what was seen."""
 
     checked: Counter[str] = field(default_factory=Counter)
     first_violation: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -144,18 +144,6 @@ class StreamResult:
     @property
     def held(self) -> bool:
         return not self.first_violation
-
-    def verdicts(self) -> list[dict[str, Any]]:
-        """One row per stream invariant: held, violated, or unknown (never exercised)."""
-        rows = []
-        for name, kind in STREAM_INVARIANTS:
-            first = self.first_violation.get(name)
-            checked = self.checked.get(name, 0)
-            verdict = "violated" if first else ("held" if checked else "unknown")
-            rows.append(
-                {"name": name, "kind": kind, "verdict": verdict, "checked_steps": checked, "first_violation": first}
-            )
-        return rows
 
 
 class StreamLedger:

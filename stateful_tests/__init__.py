@@ -1,6 +1,13 @@
-"""The Hypothesis state machines and the conformance suite they form."""
+"""The conformance suite: the Hypothesis state machine, the live-server runner, and the one dispatch to them.
 
-from .conformance import PROFILES, Case, Profile, Result, replay_ops, run_check
+``check_adapter(factory, name, Options(...))`` is the entry point; ``run_check`` and
+``run_live`` are the two runners it chooses between by the adapter's capabilities.
+"""
+
+from kvspec.case import Case
+
+from .conformance import PROFILES, Profile, Result, replay_ops, run_check
+from .dispatch import LiveTarget, Options, check_adapter
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
 
@@ -9,11 +16,14 @@ __all__ = [
     "AdapterHung",
     "Case",
     "Harness",
+    "LiveTarget",
+    "Options",
     "Profile",
     "Result",
     "Tally",
     "Violation",
     "build_machine",
+    "check_adapter",
     "replay_ops",
     "run_check",
 ]

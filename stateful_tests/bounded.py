@@ -18,11 +18,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kvspec.case import Case
 from kvspec.spec.goals import GOALS, Goal, reach
 from kvspec.spec.ops import OpKind
 from kvspec.spec.symbolic import Bounds
-
-from .conformance import Case
 
 SCENARIO_SCHEMA = 1
 SCENARIO_DIR = Path(__file__).parent / "scenarios"

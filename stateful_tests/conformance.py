@@ -7,12 +7,10 @@ adapter before it is reported; one that does not reproduce is reported as flaky.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +21,14 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.base import Adapter
+from kvspec.case import Case
+from kvspec.report import ExitCode, Report, Status, now, rows
 from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
 from .strategies import DEFAULT_RANGES, PoolRanges
-
-CASE_SCHEMA = 1
-REPORT_SCHEMA = 1
-# The report's top-level keys every writer keeps (DESIGN.md, external contracts); writers may add more.
-REPORT_KEYS: frozenset[str] = frozenset(
-    {
-        "kvspec_report",
-        "adapter",
-        "adapter_version",
-        "profile",
-        "seed",
-        "started_at",
-        "duration_s",
-        "examples",
-        "steps",
-        "invariants",
-        "findings",
-        "cases",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -69,51 +49,6 @@ PROFILES: dict[str, Profile] = {
 
 
 @dataclass
-class Case:
-    """A replayable counterexample: the pool, the ops, and what broke where."""
-
-    adapter: str
-    config: Config
-    ops: list[Op]
-    expected: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kvspec_case": CASE_SCHEMA,
-            "adapter": self.adapter,
-            "config": self.config.to_json(),
-            "ops": [op.to_json() for op in self.ops],
-            "expected": self.expected,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Case:
-        if data.get("kvspec_case") != CASE_SCHEMA:
-            raise ValueError(f"not a kvspec case file (kvspec_case={data.get('kvspec_case')!r})")
-        return cls(
-            adapter=str(data.get("adapter", "")),
-            config=Config.from_json(data["config"]),
-            ops=[Op.from_json(op) for op in data["ops"]],
-            expected=dict(data.get("expected", {})),
-        )
-
-    def save(self, directory: Path) -> Path:
-        directory.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_json(), indent=1)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-        name = (
-            f"{self.adapter.replace('/', '_').replace(':', '_')}-{self.expected.get('invariant', 'case')}-{digest}.json"
-        )
-        path = directory / name
-        path.write_text(text + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: Path) -> Case:
-        return cls.from_json(json.loads(path.read_text()))
-
-
-@dataclass
 class Result:
     """Everything a check found; ``exit_code`` follows the external contract (0, 1, 2)."""
 
@@ -124,7 +59,7 @@ class Result:
     started_at: str
     tally: Tally
     duration_s: float = 0.0
-    status: str = "passed"  # passed | violated | error | interrupted
+    status: Status = "passed"
     error: str = ""
     failure: Violation | None = None
     failure_ops: list[Op] = field(default_factory=list)
@@ -135,50 +70,62 @@ class Result:
     given_cases: int = 0
 
     @property
-    def exit_code(self) -> int:
-        if self.status == "violated":
-            return 1
-        return 2 if self.status in ("error", "interrupted") else 0
+    def exit_code(self) -> ExitCode:
+        return ExitCode.of(self.status)
 
-    def verdicts(self) -> list[dict[str, Any]]:
-        """One row per invariant: held, violated, or unknown (never exercised here)."""
-        rows = []
-        kinds = {inv.name: inv.kind for inv in INVARIANTS}
-        for name in [*kinds, ADAPTER_CONTRACT]:
-            checked = self.tally.checked.get(name, 0)
-            first = self.tally.first_violation.get(name)
-            verdict = "violated" if first else ("held" if checked and name in self.applicable else "unknown")
-            rows.append(
-                {
-                    "name": name,
-                    "kind": kinds.get(name, "adapter"),
-                    "verdict": verdict,
-                    "checked_steps": checked,
-                    "first_violation": first,
-                }
-            )
-        return rows
+    def report(self) -> Report:
+        """The run as the kit's report: one row per invariant (the registry's order, then adapter_contract)."""
+        kinds = [(inv.name, inv.kind) for inv in INVARIANTS] + [(ADAPTER_CONTRACT, "adapter")]
+        tally = self.tally
+        seed = "derandomized" if self.seed is None and self.profile == "ci" else f"seed {self.seed}"
+        return Report(
+            adapter=self.adapter,
+            rows=rows(kinds, tally.checked, tally.first_violation, applicable=self.applicable),
+            adapter_version=self.adapter_version,
+            profile=self.profile,
+            seed=self.seed,
+            started_at=self.started_at,
+            duration_s=self.duration_s,
+            examples=tally.examples,
+            steps=tally.steps,
+            status=self.status,
+            error=self.error,
+            coverage=tally.coverage,
+            findings=self.findings,
+            cases=self.cases,
+            sections={
+                "given_cases": self.given_cases,
+                "examples_to_first_failure": (tally.first_failure_at or (None, None))[0],
+            },
+            title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}",
+            details=self._details(),
+        )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kvspec_report": REPORT_SCHEMA,
-            "adapter": self.adapter,
-            "adapter_version": self.adapter_version,
-            "profile": self.profile,
-            "seed": self.seed,
-            "started_at": self.started_at,
-            "duration_s": round(self.duration_s, 3),
-            "given_cases": self.given_cases,
-            "examples": self.tally.examples,
-            "steps": self.tally.steps,
-            "examples_to_first_failure": (self.tally.first_failure_at or (None, None))[0],
-            "status": self.status,
-            "error": self.error,
-            "invariants": self.verdicts(),
-            "coverage": dict(sorted(self.tally.coverage.items())),
-            "findings": self.findings,
-            "cases": self.cases,
-        }
+    def _details(self) -> list[str]:
+        """What the table says below the verdicts: totals, coverage, the shrunk failure, findings and cases."""
+        tally = self.tally
+        rate = tally.steps / self.duration_s if self.duration_s else 0.0
+        lines = ["", f"{tally.examples} examples, {tally.steps} steps in {self.duration_s:.1f} s ({rate:.0f} steps/s)"]
+        if self.given_cases:
+            lines.append(f"the first {self.given_cases} examples were the bounded model's coverage cases")
+        if tally.first_failure_at is not None:
+            lines.append(f"first failure after {tally.first_failure_at[0]} examples; the rest were shrinking")
+        if tally.coverage:
+            lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.coverage.items())))
+        if self.failure is not None:
+            lines += ["", f"VIOLATED {self.failure.invariant} (shrunk to {len(self.failure_ops)} ops):"]
+            if self.failure_config is not None:
+                lines.append(f"  pool: {json.dumps(self.failure_config.to_json())}")
+            for i, op in enumerate(self.failure_ops):
+                marker = "  <-- " + ", ".join(sorted(self.failure.failures)) if i == self.failure.step else ""
+                lines.append(f"  {i:>3}. {op}{marker}")
+            for name, problems in self.failure.failures.items():
+                lines += [f"  {name}: {p}" for p in problems[:3]]
+        for finding in self.findings:
+            lines.append(f"finding ({finding['kind']}): {finding.get('message') or finding.get('problems')}")
+        for case in self.cases:
+            lines.append(f"case saved: {case}  (replay: kvspec replay {case} --adapter {self.adapter})")
+        return lines
 
 
 def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
@@ -212,21 +159,22 @@ def run_check(
     progress: Callable[[Tally], None] | None = None,
     extra_cases: Sequence[Case] = (),
     refine: bool = True,
+    adapter: Adapter | None = None,
 ) -> Result:
     """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
 
     refine=False checks the safety invariants only, even for adapters that declare
-    exact semantics.
+    exact semantics. ``adapter``: a first instance already built by ``factory`` (the
+    dispatch builds one to read its capabilities); fresh ones come from ``factory``.
     """
-    started = datetime.now(UTC).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     tally = Tally()
     quality = PolicyQuality()
-    result = Result(name, "", profile.name, seed, started, tally)
+    result = Result(name, "", profile.name, seed, now(), tally)
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvspec-adapter")
-    adapter: Adapter | None = None
     try:
-        adapter = factory()
+        if adapter is None:
+            adapter = factory()
         result.adapter_version = adapter.capabilities.version
         result.applicable = applicable_invariants(adapter, refine)
         result.given_cases = len(extra_cases)

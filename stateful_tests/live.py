@@ -22,21 +22,17 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kvspec.adapters.vllm_live.adapter import LiveCapabilities, VllmLiveAdapter
+from kvspec.adapters.vllm_live.adapter import ServerInfo, VllmLiveAdapter
 from kvspec.adapters.vllm_live.server import ServerStartError
+from kvspec.report import ExitCode, Report, Row, Status, now, rows
 from kvspec.spec.stream import STREAM_INVARIANTS, StreamResult
-
-from .conformance import REPORT_SCHEMA
-from .report import status_line
 
 MODES = ("exact", "load", "both")
 FIRST_TOKEN = 3  # 0-2 are the tokenizer's unk, bos, eos
@@ -92,7 +88,7 @@ class LiveResult:
     started_at: str
     adapter_version: str = ""
     duration_s: float = 0.0
-    status: str = "passed"  # passed | violated | error | interrupted
+    status: Status = "passed"
     error: str = ""
     stream: StreamResult | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)
@@ -101,39 +97,60 @@ class LiveResult:
     live: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def exit_code(self) -> int:
-        if self.status == "violated":
-            return 1
-        return 2 if self.status in ("error", "interrupted") else 0
+    def exit_code(self) -> ExitCode:
+        return ExitCode.of(self.status)
 
-    def verdicts(self) -> list[dict[str, Any]]:
-        if self.stream is not None:
-            return self.stream.verdicts()
-        return [
-            {"name": name, "kind": kind, "verdict": "unknown", "checked_steps": 0, "first_violation": None}
-            for name, kind in STREAM_INVARIANTS
-        ]
-
-    def to_json(self) -> dict[str, Any]:
+    def report(self) -> Report:
+        """The run as the kit's report: one row per stream invariant, and a ``live`` section."""
         seen = self.stream.seen if self.stream else Counter()
-        return {
-            "kvspec_report": REPORT_SCHEMA,
-            "adapter": self.adapter,
-            "adapter_version": self.adapter_version,
-            "profile": self.profile,
-            "seed": self.seed,
-            "started_at": self.started_at,
-            "duration_s": round(self.duration_s, 3),
-            "examples": seen.get("requests", 0),
-            "steps": seen.get("events", 0),
-            "status": self.status,
-            "error": self.error,
-            "invariants": self.verdicts(),
-            "coverage": dict(sorted(self.coverage.items())),
-            "findings": self.findings,
-            "cases": self.cases,
-            "live": {"mode": self.mode, **self.live, "seen": dict(sorted(seen.items()))},
-        }
+        return Report(
+            adapter=self.adapter,
+            rows=stream_rows(self.stream),
+            adapter_version=self.adapter_version,
+            profile=self.profile,
+            seed=self.seed,
+            started_at=self.started_at,
+            duration_s=self.duration_s,
+            examples=seen.get("requests", 0),
+            steps=seen.get("events", 0),
+            status=self.status,
+            error=self.error,
+            coverage=self.coverage,
+            findings=self.findings,
+            cases=self.cases,
+            sections={"live": {"mode": self.mode, **self.live, "seen": dict(sorted(seen.items()))}},
+            title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, "
+            f"mode {self.mode}, seed {self.seed}",
+            details=self._details(),
+        )
+
+    def _details(self) -> list[str]:
+        """What the table says below the verdicts: traffic, coverage, findings, the saved log."""
+        live, lines = self.live, []
+        if self.stream is not None:
+            seen = self.stream.seen
+            lines += [
+                "",
+                f"{seen.get('requests', 0)} requests, {seen.get('batches', 0)} event batches, "
+                f"{seen.get('events', 0)} events ({seen.get('stored', 0)} blocks stored, {seen.get('removed', 0)} "
+                f"removed) in {self.duration_s:.1f} s"
+                + (f"; server startup {live['startup_s']} s" if live.get("startup_s") is not None else "")
+                + f"; {live.get('requests_per_s')} requests/s checked, {live.get('preemptions', 0)} preemptions",
+            ]
+        if self.coverage:
+            lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(self.coverage.items())))
+        for finding in self.findings[:10]:
+            lines.append(f"finding: {json.dumps(finding)[:300]}")
+        for case in self.cases:
+            lines.append(f"recorded log saved: {case}  (re-check offline: check_recorded)")
+        return lines
+
+
+def stream_rows(stream: StreamResult | None) -> list[Row]:
+    """One row per stream invariant (all unknown before the stream was checked)."""
+    if stream is None:
+        return rows(STREAM_INVARIANTS, {}, {})
+    return rows(STREAM_INVARIANTS, stream.checked, stream.first_violation)
 
 
 # -- exact mode -------------------------------------------------------------------------
@@ -144,23 +161,23 @@ class ExactDriver:
 
     OPS = ("cold", "family", "fork", "repeat", "continue", "reset")
 
-    def __init__(self, adapter: VllmLiveAdapter, caps: LiveCapabilities, rng: random.Random, max_new: int) -> None:
-        self.adapter, self.caps, self.rng, self.max_new = adapter, caps, rng, max_new
+    def __init__(self, adapter: VllmLiveAdapter, server: ServerInfo, rng: random.Random, max_new: int) -> None:
+        self.adapter, self.server, self.rng, self.max_new = adapter, server, rng, max_new
         self.history: list[tuple[list[int], list[int]]] = []  # (prompt, output)
         self.coverage: Counter[str] = Counter()
 
     def _tokens(self, n: int) -> list[int]:
-        return [self.rng.randrange(FIRST_TOKEN, self.caps.vocab_size) for _ in range(n)]
+        return [self.rng.randrange(FIRST_TOKEN, self.server.vocab_size) for _ in range(n)]
 
     def _length(self, most: int) -> int:
         """A prompt length up to ``most``: often a whole number of blocks (where the hit cap bites)."""
-        bs = self.caps.block_size
+        bs = self.server.block_size
         if most >= bs and self.rng.random() < 0.4:
             return bs * self.rng.randint(1, most // bs)
         return self.rng.randint(1, most)
 
     def _prompt(self, op: str, budget: int) -> list[int]:
-        bs, rng = self.caps.block_size, self.rng
+        bs, rng = self.server.block_size, self.rng
         if op == "cold" or not self.history:
             return self._tokens(self._length(budget))
         prompt, output = rng.choice(self.history)
@@ -176,24 +193,22 @@ class ExactDriver:
         return prompt[:keep] + self._tokens(max(1, self._length(budget - keep)) if budget > keep else 0)
 
     def step(self) -> None:
-        op = self.rng.choices(self.OPS, weights=(3, 3, 2, 2, 2, 1 if self.caps.can_reset else 0))[0]
+        op = self.rng.choices(self.OPS, weights=(3, 3, 2, 2, 2, 1 if self.server.can_reset else 0))[0]
         self.coverage[f"exact {op}"] += 1
         if op == "reset":
             self.adapter.reset_cache()
             return
         max_tokens = self.rng.randint(1, self.max_new)
-        prompt = self._prompt(op, self.caps.max_model_len - max_tokens)
+        prompt = self._prompt(op, self.server.max_model_len - max_tokens)
         record = self.adapter.complete(prompt, max_tokens, mode="exact")
         self.history.append((prompt, list(record.get("output_token_ids") or [])))
         if record.get("cached_tokens"):
             self.coverage["exact hits"] += 1
 
 
-def run_exact(
-    adapter: VllmLiveAdapter, caps: LiveCapabilities, profile: LiveProfile, rng: random.Random
-) -> Counter[str]:
+def run_exact(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile, rng: random.Random) -> Counter[str]:
     """Send ``profile.exact_requests`` sequential requests; read the gauges (idle) every ten."""
-    driver = ExactDriver(adapter, caps, rng, profile.max_new_tokens)
+    driver = ExactDriver(adapter, server, rng, profile.max_new_tokens)
     for i in range(profile.exact_requests):
         driver.step()
         if i % 10 == 9:
@@ -204,12 +219,10 @@ def run_exact(
 # -- load mode ------------------------------------------------------------------------------
 
 
-def run_load(
-    adapter: VllmLiveAdapter, caps: LiveCapabilities, profile: LiveProfile, rng: random.Random
-) -> Counter[str]:
+def run_load(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile, rng: random.Random) -> Counter[str]:
     """Each burst at once, gauges read (idle) before and after; preemptions counted from the counter."""
     coverage: Counter[str] = Counter()
-    vocab, longest = caps.vocab_size, caps.max_model_len
+    vocab, longest = server.vocab_size, server.max_model_len
     for burst in profile.bursts:
         prompt_tokens = min(burst.prompt_tokens, longest - burst.max_tokens)
         common = [rng.randrange(FIRST_TOKEN, vocab) for _ in range(min(burst.shared, prompt_tokens - 1))]
@@ -247,28 +260,28 @@ def run_live(
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     seed = 0 if seed is None else seed
-    result = LiveResult(adapter.name, profile.name, seed, mode, datetime.now(UTC).isoformat(timespec="seconds"))
+    result = LiveResult(adapter.name, profile.name, seed, mode, now())
     t0 = time.perf_counter()
     say = progress or (lambda line: None)
     try:
-        caps = adapter.start()
-        result.adapter_version = caps.version
+        server = adapter.start()
+        result.adapter_version = server.version
         result.live["startup_s"] = adapter.startup_s
-        result.live["pool"] = {"block_size": caps.block_size, "num_gpu_blocks": caps.num_gpu_blocks}
-        say(f"server ready at {adapter.url} (startup {adapter.startup_s} s), block size {caps.block_size}")
-        if not caps.has_events:
+        result.live["pool"] = {"block_size": server.block_size, "num_gpu_blocks": server.num_gpu_blocks}
+        say(f"server ready at {adapter.url} (startup {adapter.startup_s} s), block size {server.block_size}")
+        if not server.has_events:
             result.findings.append({"kind": "unobservable", "message": "no --events endpoint: stream checks unknown"})
         rng = random.Random(seed)
         driven = time.perf_counter()
         if mode in ("exact", "both"):
             t = time.perf_counter()
-            result.coverage += run_exact(adapter, caps, profile, rng)
+            result.coverage += run_exact(adapter, server, profile, rng)
             result.live["exact_s"] = round(time.perf_counter() - t, 2)
             result.live["exact_requests_per_s"] = round(profile.exact_requests / result.live["exact_s"], 1)
             say(f"exact mode: {profile.exact_requests} sequential requests in {result.live['exact_s']} s")
         if mode in ("load", "both"):
             t = time.perf_counter()
-            result.coverage += run_load(adapter, caps, profile, rng)
+            result.coverage += run_load(adapter, server, profile, rng)
             result.live["load_s"] = round(time.perf_counter() - t, 2)
             say(f"load mode: {len(profile.bursts)} bursts in {result.live['load_s']} s")
         adapter.settle()
@@ -308,44 +321,3 @@ def save_log(records: list[dict[str, Any]], directory: Path, invariant: str) -> 
     path = directory / f"vllm-live-{invariant}-{hashlib.sha256(text.encode()).hexdigest()[:10]}.jsonl"
     path.write_text(text)
     return path
-
-
-def live_table(result: LiveResult) -> str:
-    """The conformance table of a live run, like ``kvspec check``'s."""
-    rows = result.verdicts()
-    width = max(len(r["name"]) for r in rows)
-    lines = [
-        f"kvspec check: adapter {result.adapter} {result.adapter_version}, profile {result.profile}, "
-        f"mode {result.mode}, seed {result.seed}",
-        "",
-        f"  {'invariant'.ljust(width)}  {'kind':<10}  {'verdict':<8}  {'checked':>7}",
-        f"  {'-' * width}  {'-' * 10}  {'-' * 8}  {'-' * 7}",
-    ]
-    lines += [f"  {r['name'].ljust(width)}  {r['kind']:<10}  {r['verdict']:<8}  {r['checked_steps']:>7}" for r in rows]
-    live = result.live
-    if result.stream is not None:
-        seen = result.stream.seen
-        lines += [
-            "",
-            f"{seen.get('requests', 0)} requests, {seen.get('batches', 0)} event batches, "
-            f"{seen.get('events', 0)} events ({seen.get('stored', 0)} blocks stored, {seen.get('removed', 0)} "
-            f"removed) in {result.duration_s:.1f} s"
-            + (f"; server startup {live['startup_s']} s" if live.get("startup_s") is not None else "")
-            + f"; {live.get('requests_per_s')} requests/s checked, {live.get('preemptions', 0)} preemptions",
-        ]
-    if result.coverage:
-        lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(result.coverage.items())))
-    for finding in result.findings[:10]:
-        lines.append(f"finding: {json.dumps(finding)[:300]}")
-    for case in result.cases:
-        lines.append(f"recorded log saved: {case}  (re-check offline: check_recorded)")
-    lines.append(status_line(result.status, result.error))
-    return "\n".join(lines)
-
-
-def print_progress(quiet: bool) -> Callable[[str], None]:
-    def say(line: str) -> None:
-        if not quiet:
-            print(f"  ... {line}", file=sys.stderr, flush=True)
-
-    return say

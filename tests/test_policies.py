@@ -304,7 +304,7 @@ def test_policy_adapter_passes_the_ci_profile(name: str, tmp_path: Path) -> None
     assert load(name) is POLICY_ADAPTERS[name]
     result = run_check(POLICY_ADAPTERS[name], name=name, profile=PROFILES["ci"], cases_dir=tmp_path)
     assert result.status == "passed", result.failure
-    verdicts = {row["name"]: row for row in result.verdicts()}
+    verdicts = {row["name"]: row for row in result.report().verdicts()}
     for inv in ("candidates_unreferenced", "no_spurious_refusal", "policy_conformance", "predicted_eviction"):
         assert verdicts[inv]["verdict"] == "held" and verdicts[inv]["checked_steps"] > 50, verdicts[inv]
     quality = next(f for f in result.findings if f["kind"] == "policy_quality")

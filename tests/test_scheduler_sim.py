@@ -190,7 +190,7 @@ def test_adapter_conforms_to_the_spec_under_the_kits_own_check(tmp_path: Path) -
         SchedulerSimAdapter, name="scheduler-sim", profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path
     )
     assert result.status == "passed", (result.error, result.failure)
-    verdicts = {row["name"]: row["verdict"] for row in result.verdicts()}
+    verdicts = {row["name"]: row["verdict"] for row in result.report().verdicts()}
     assert {name: verdicts[name] for name in result.applicable} == dict.fromkeys(result.applicable, "held")
     assert {i.name for i in INVARIANTS} <= result.applicable  # exact semantics: refinement is judged too
     coverage = result.tally.coverage

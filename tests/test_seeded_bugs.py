@@ -27,10 +27,10 @@ from seeded_bugs import (
 )
 
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
+from kvspec.case import CASE_SCHEMA
 from kvspec.spec import INVARIANT_NAMES, INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 from kvspec.stateful_tests import PROFILES, Case, Profile, Result, Violation, replay_ops, run_check
-from kvspec.stateful_tests.conformance import CASE_SCHEMA
 
 KINDS = {inv.name: inv.kind for inv in INVARIANTS}
 
@@ -63,7 +63,7 @@ def replay(factory: AdapterFactory, case: Case, *, refine: bool) -> Violation | 
 
 def verdict(result: Result, name: str) -> str:
     """The report's verdict row for invariant ``name``: held, violated or unknown."""
-    return next(str(row["verdict"]) for row in result.verdicts() if row["name"] == name)
+    return next(str(row["verdict"]) for row in result.report().verdicts() if row["name"] == name)
 
 
 def seeded_params() -> list[object]:

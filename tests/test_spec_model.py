@@ -89,7 +89,7 @@ def test_the_spec_satisfies_its_own_invariants(semantics: Semantics, tmp_path: o
     if semantics.granularity != "entry":  # entries are never referenced, so an admission always fits
         assert result.tally.coverage["admit:refused"] > 0
     if semantics.granularity == "block":
-        conformance = next(row for row in result.verdicts() if row["name"] == "policy_conformance")
+        conformance = next(row for row in result.report().verdicts() if row["name"] == "policy_conformance")
         assert conformance["verdict"] == "held" and conformance["checked_steps"] > 20, conformance
 
 

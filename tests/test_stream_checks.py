@@ -19,6 +19,7 @@ import pytest
 from kvspec.adapters.vllm_live.hashing import BlockHasher
 from kvspec.adapters.vllm_live.recorded import check_recorded, load_log
 from kvspec.spec.stream import STREAM_INVARIANT_NAMES, StreamResult
+from kvspec.stateful_tests.live import stream_rows
 
 LOG = Path(__file__).parent / "data" / "vllm_live_cpu.jsonl"
 BS = 32
@@ -44,16 +45,21 @@ def requests(records: Records, mode: str) -> list[dict[str, Any]]:
     return [r["request"] for r in records if "request" in r and r["request"].get("mode") == mode]
 
 
+def rows_of(result: StreamResult) -> list[dict[str, Any]]:
+    """The result's rows as a report writes them."""
+    return [row.to_json() for row in stream_rows(result)]
+
+
 def assert_violated(result: StreamResult, name: str) -> None:
     assert name in result.violated, (name, result.violated, result.violations[:3])
-    row = next(r for r in result.verdicts() if r["name"] == name)
+    row = next(r for r in rows_of(result) if r["name"] == name)
     assert row["verdict"] == "violated" and row["first_violation"]["problems"]
 
 
 def test_the_recorded_run_holds_every_invariant_and_exercises_each(records: Records) -> None:
     result = check_recorded(records)
     assert result.held, result.violations[:3]
-    verdicts = {r["name"]: (r["verdict"], r["checked_steps"]) for r in result.verdicts()}
+    verdicts = {r["name"]: (r["verdict"], r["checked_steps"]) for r in rows_of(result)}
     assert set(verdicts) == set(STREAM_INVARIANT_NAMES)
     assert all(v == "held" and n > 0 for v, n in verdicts.values()), verdicts
     assert result.seen["removed"] > 0 and result.seen["cleared"] > 0  # evictions and resets were seen
@@ -194,7 +200,7 @@ def test_without_an_event_stream_only_the_gauges_are_judged(records: Records) ->
     blind = [r for r in records if not ("seq" in r and "events" in r)]
     next(r["config"] for r in blind if "config" in r)["events"] = None
     result = check_recorded(blind)
-    verdicts = {r["name"]: r["verdict"] for r in result.verdicts()}
+    verdicts = {r["name"]: r["verdict"] for r in rows_of(result)}
     assert verdicts.pop("idle_usage_zero") == "held"
     assert set(verdicts.values()) == {"unknown"}, verdicts
 

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvspec.cli import main
+from kvspec.report import REPORT_KEYS
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
-from kvspec.stateful_tests.conformance import REPORT_KEYS
 from kvspec.traces import check_trace
 from kvspec.traces.codec import decode, encode, observation_from_json, observation_to_json
 
@@ -209,7 +209,7 @@ def test_kvspec_violation_shows_line_event_and_context(tmp_path: Path) -> None:
     assert v is not None and v.invariant == "predicted_prefix_hits"
     assert v.event == lines[v.line - 1]  # no blank lines: line n is lines[n - 1]
     assert [n for n, _ in v.context] == [v.line - 2, v.line - 1]
-    table = result.table()
+    table = result.report().table()
     assert f"VIOLATED predicted_prefix_hits at line {v.line}" in table and "FAILED" in table
 
 

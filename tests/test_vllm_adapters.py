@@ -59,7 +59,7 @@ def test_conformance_passes(factory: Any, tmp_path: Path) -> None:
     result = run_check(factory, name=factory.name, profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path)
     assert result.status == "passed", [result.failure, result.findings, result.error]
     assert result.adapter_version.startswith("vllm ")
-    verdicts = {r["name"]: r["verdict"] for r in result.verdicts()}
+    verdicts = {r["name"]: r["verdict"] for r in result.report().verdicts()}
     assert all(verdicts[n] == "held" for n in verdicts if n != "adapter_contract" and not n.startswith("predicted_"))
     refinement = {v for n, v in verdicts.items() if n.startswith("predicted_")}
     assert refinement == ({"held"} if exact() else {"unknown"})

@@ -25,7 +25,7 @@ from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
 from kvspec.adapters.vllm_live.events import EventSubscriber
 from kvspec.adapters.vllm_live.recorded import check_recorded, load_log
 from kvspec.adapters.vllm_live.server import Endpoints, group_alive
-from kvspec.stateful_tests.live import Burst, LiveProfile, run_live
+from kvspec.stateful_tests.live import Burst, LiveProfile, run_live, stream_rows
 
 SMALL = LiveProfile("small", exact_requests=40, bursts=(Burst("pressure", 8, 200, 250),), max_new_tokens=24)
 
@@ -38,19 +38,19 @@ def test_exact_mode_holds_and_predicts_every_hit(vllm_live_server: Endpoints, tm
     log = tmp_path / "exact.jsonl"
     result = run_live(attached(vllm_live_server, log), profile=SMALL, seed=3, mode="exact", cases_dir=tmp_path)
     assert result.status == "passed", (result.error, result.findings)
-    verdicts = {r["name"]: r for r in result.verdicts()}
+    verdicts = {r["name"]: r for r in result.report().verdicts()}
     assert verdicts["predicted_cached_tokens"]["verdict"] == "held"
     assert verdicts["predicted_cached_tokens"]["checked_steps"] >= 30
     assert result.coverage["exact hits"] > 0 and result.stream is not None and result.stream.seen["removed"] > 0
     # The recorded log re-checks offline to the same verdicts.
-    assert check_recorded(load_log(log)).verdicts() == result.verdicts()
+    assert [row.to_json() for row in stream_rows(check_recorded(load_log(log)))] == result.report().verdicts()
 
 
 def test_a_load_burst_reaches_preemptions_and_stays_within_bounds(vllm_live_server: Endpoints, tmp_path: Path) -> None:
     result = run_live(attached(vllm_live_server), profile=SMALL, seed=4, mode="load", cases_dir=tmp_path)
     assert result.status == "passed", (result.error, result.findings)
     assert result.live["preemptions"] > 0
-    verdicts = {r["name"]: r["verdict"] for r in result.verdicts()}
+    verdicts = {r["name"]: r["verdict"] for r in result.report().verdicts()}
     assert verdicts["cached_tokens_within_bounds"] == "held" and verdicts["cached_within_pool"] == "held"
 
 

@@ -2,7 +2,7 @@
 
 A black box has no block ids and no ref counts, and one completion is admit, decode and release
 in one: so this adapter does not implement the ledger harness's ``apply``/``observe``. It is a
-*live* adapter (``live = True``): it sends token-id prompts with a fixed number of generated
+*live* adapter (``Capabilities.live``): it sends token-id prompts with a fixed number of generated
 tokens (``ignore_eos``), sequentially (exact mode) or concurrently (load mode), and records what
 the outside shows - the KV event batches, each request's ``cached_tokens`` and output tokens, the
 gauges of /metrics, the resets - as the records of :mod:`.recorded`. The checks are the spec's
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvspec.adapters.base import Capabilities
+from kvspec.spec import Semantics
 from kvspec.spec.stream import StreamResult
 
 from .events import EventSubscriber
@@ -41,8 +43,8 @@ class LiveError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class LiveCapabilities:
-    """What a live adapter offers the live runner."""
+class ServerInfo:
+    """What the server showed at start: what the live runner can drive and how its cache is shaped."""
 
     can_reset: bool
     has_events: bool
@@ -57,7 +59,11 @@ class VllmLiveAdapter:
     """Drives one vLLM server through completions requests and records what it shows."""
 
     name = "vllm-live"
-    live = True
+    capabilities = Capabilities(
+        semantics=Semantics(granularity="block", eviction="lru", exact=False),
+        ops=frozenset({"admit", "reset_cache"}),
+        live=True,
+    )
 
     def __init__(
         self,
@@ -78,13 +84,24 @@ class VllmLiveAdapter:
         self.subscriber: EventSubscriber | None = None
         self._sink: TextIO | None = None
         self.recorder = Recorder()
-        self.capabilities: LiveCapabilities | None = None
+        self.server_info: ServerInfo | None = None
         self.startup_s: float | None = None
         self._ids = itertools.count(1)
 
     # -- lifecycle --------------------------------------------------------------------
 
-    def start(self) -> LiveCapabilities:
+    def configure(
+        self,
+        *,
+        url: str | None = None,
+        events: str | None = None,
+        replay: str | None = None,
+        record: Path | None = None,
+    ) -> None:
+        """Point the adapter at a running server (``url``; None: start the tiny one) before :meth:`start`."""
+        self._url, self._events, self._replay, self._record_path = url, events, replay, record
+
+    def start(self) -> ServerInfo:
         """Start the tiny server (or attach to ``url``), subscribe to its events, read its cache shape."""
         if self._record_path is not None:
             self._record_path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +131,7 @@ class VllmLiveAdapter:
         models = self._get_json("/v1/models")["data"]
         max_model_len = int(models[0].get("max_model_len") or self._server_config.max_model_len)
         vocab = int(self.server.model_config["vocab_size"]) if self.server else 1024
-        self.capabilities = LiveCapabilities(
+        self.server_info = ServerInfo(
             can_reset=self._probe_reset(),
             has_events=self.subscriber is not None,
             block_size=block_size,
@@ -132,7 +149,7 @@ class VllmLiveAdapter:
                     "none_hash_seed": self._none_hash_seed,
                     "url": ep.url,
                     "events": ep.events,
-                    "vllm": self.capabilities.version,
+                    "vllm": self.server_info.version,
                     "startup_s": self.startup_s,
                     # Followed from its start (our server): nothing unseen is cached. Else the reset probe, if the
                     # server has the endpoint, makes the index known from its moment on.
@@ -141,7 +158,7 @@ class VllmLiveAdapter:
             }
         )
         self.snapshot(idle=True)
-        return self.capabilities
+        return self.server_info
 
     def close(self) -> None:
         """Stop the subscriber and the server (if the kit started it); close the record file."""

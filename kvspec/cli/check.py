@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from kvspec.adapters import AdapterFactory, AdapterLoadError, Capabilities, available, load
+from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.case import Case
 from kvspec.report import ExitCode
-from kvspec.stateful_tests import PROFILES, Case, Result, Tally, replay_ops, run_check
-from kvspec.stateful_tests.live import LIVE_PROFILES, MODES, live_table, print_progress, run_live
-from kvspec.stateful_tests.report import table, write_junit, write_report
+from kvspec.stateful_tests import PROFILES, LiveTarget, Options, check_adapter, replay_ops
+from kvspec.stateful_tests.live import MODES
 
 from .common import fail
 
@@ -51,76 +48,27 @@ def register(sub: Any) -> None:
     adapters.set_defaults(handler=cmd_adapters)
 
 
-def _progress(quiet: bool) -> object:
-    last = [time.monotonic()]
-
-    def show(tally: Tally) -> None:
-        now = time.monotonic()
-        if not quiet and now - last[0] >= 2.0:
-            last[0] = now
-            print(f"  ... {tally.examples} examples, {tally.steps} steps", file=sys.stderr, flush=True)
-
-    return show
-
-
 def cmd_check(args: argparse.Namespace) -> int:
+    """Run the suite that fits the adapter; print the table, write the report and JUnit (Ctrl-C included)."""
     try:
         factory = load(args.adapter)
     except AdapterLoadError as exc:
         return fail(str(exc))
-    if getattr(factory, "live", False):
-        return cmd_check_live(args, factory)
-    # The coverage-goal cases of the bounded model (committed, found by Z3) run first, on any
-    # adapter whose pool the kit sizes; only the ops the adapter implements are kept.
-    caps = getattr(factory, "capabilities", None)
-    extra = []
-    if not args.no_scenarios and isinstance(caps, Capabilities) and caps.fixed_config is None:
-        from kvspec.stateful_tests.bounded import coverage_cases  # Z3: imported only when it runs
-
-        extra = coverage_cases(ops=caps.ops)
-    result: Result | None = None
-    try:
-        result = run_check(
-            factory,
-            name=args.adapter,
-            profile=PROFILES[args.profile],
-            seed=args.seed,
-            max_examples=args.max_examples,
-            cases_dir=args.cases_dir,
-            step_timeout=args.step_timeout,
-            progress=_progress(args.quiet),  # type: ignore[arg-type]
-            refine=not args.safety_only,
-            extra_cases=extra,
-        )
-    finally:
-        if result is not None:
-            if args.report:
-                write_report(result, args.report)
-            if args.junit:
-                write_junit(result, args.junit)
-    print(table(result))
-    return result.exit_code
-
-
-def cmd_check_live(args: argparse.Namespace, factory: AdapterFactory) -> int:
-    """A live adapter: drive the server (started here unless --url) and judge its event stream."""
-    make = cast(Any, factory)  # a live adapter's factory takes the endpoint options
-    adapter = make(url=args.url, events=args.events, replay=args.replay, record=args.record)
-    result = run_live(
-        adapter,
-        profile=LIVE_PROFILES[args.profile],
+    options = Options(
+        profile=args.profile,
         seed=args.seed,
-        mode=args.mode,
+        max_examples=args.max_examples,
         cases_dir=args.cases_dir,
-        progress=print_progress(args.quiet),
+        step_timeout=args.step_timeout,
+        refine=not args.safety_only,
+        scenarios=not args.no_scenarios,
+        quiet=args.quiet,
+        live=LiveTarget(url=args.url, events=args.events, replay=args.replay, record=args.record, mode=args.mode),
     )
-    if args.report:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-    if args.junit:
-        write_junit(result, args.junit)
-    print(live_table(result))
-    return result.exit_code
+    report = check_adapter(factory, args.adapter, options)
+    report.write(args.report, args.junit)
+    print(report.table())
+    return report.exit_code
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -150,14 +98,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_adapters(args: argparse.Namespace) -> int:
     for name, path in available().items():
         try:
-            if getattr(load(name), "live", False):
-                print(f"{name:<16} {path}\n{'':<16} live: drives a running server (starts the tiny one unless --url)")
-                continue
             adapter = load(name)()
             caps = adapter.capabilities
             adapter.close()
             sem = caps.semantics
-            status = f"{sem.granularity} granularity, {sem.eviction} eviction, ops: {', '.join(sorted(caps.ops))}"
+            if caps.live:
+                status = "live: drives a running server (starts the tiny one unless --url)"
+            else:
+                status = f"{sem.granularity} granularity, {sem.eviction} eviction, ops: {', '.join(sorted(caps.ops))}"
         except Exception as exc:
             status = f"not loadable: {exc}"
         print(f"{name:<16} {path}\n{'':<16} {status}")

@@ -67,10 +67,10 @@ def _bounds(args: argparse.Namespace) -> Any:
 
 
 def cmd_bmc(args: argparse.Namespace) -> int:
+    from kvspec.case import Case
     from kvspec.spec.bmc import bmc
     from kvspec.spec.symbolic import BUGS
     from kvspec.spec.symbolic_invariants import SAFETY
-    from kvspec.stateful_tests.conformance import Case
 
     if args.list_bugs:
         for bug in BUGS.values():

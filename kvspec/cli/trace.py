@@ -77,9 +77,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         except TraceFormatError as exc:
             return fail(f"{args.file}: {exc}")
     result = check_trace(args.file, fmt, context=max(args.context, 0))
-    if args.report:
-        result.write_report(args.report)
-    print(result.table())
+    report = result.report()
+    report.write(args.report)
+    print(report.table())
     if result.status == "error":
         where = f":{result.error_line}" if result.error_line is not None else ""
         print(f"kvspec: {args.file}{where}: {result.error}", file=sys.stderr)

@@ -44,23 +44,23 @@ def where(path: Iterable[str | int]) -> str:
     return out
 
 
-def _line(error: ValidationError) -> str:
+def _lines(error: ValidationError) -> list[str]:
     place = where(error.absolute_path)
-    if error.validator == "required" and isinstance(error.instance, dict):
-        missing = [key for key in error.validator_value if key not in error.instance]
-        return "; ".join(f"{where([*error.absolute_path, key])} is missing" for key in missing)
+    required = error.validator_value
+    if error.validator == "required" and isinstance(error.instance, dict) and isinstance(required, list):
+        return [f"{where([*error.absolute_path, key])} is missing" for key in required if key not in error.instance]
     if error.validator == "type":
         wanted = error.validator_value
         names = " or ".join(wanted) if isinstance(wanted, list) else str(wanted)
         got = "null" if error.instance is None else type(error.instance).__name__
-        return f"{place or 'the document'} is {got}, not {names}"
-    return f"{place or 'the document'}: {error.message}"
+        return [f"{place or 'the document'} is {got}, not {names}"]
+    return [f"{place or 'the document'}: {error.message}"]
 
 
 def problems(document: Any, name: str) -> list[str]:
     """Every way ``document`` departs from schema ``name`` (empty when it conforms), in document order."""
     errors = sorted(_validator(name).iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
-    return [_line(error) for error in errors]
+    return list(dict.fromkeys(line for error in errors for line in _lines(error)))
 
 
 def check(document: Any, name: str) -> None:

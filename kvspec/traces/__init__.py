@@ -16,7 +16,7 @@ from types import ModuleType
 
 from . import kvspec_format, side_table, vllm_events
 from .lines import Line, TraceFormatError, read_lines
-from .result import EXIT_COULD_NOT_RUN, EXIT_HELD, EXIT_VIOLATED, Judge, TraceInvariant, TraceResult, TraceViolation
+from .result import Judge, TraceInvariant, TraceResult, TraceViolation
 
 FORMATS: dict[str, ModuleType] = {
     "kvspec": kvspec_format,
@@ -53,9 +53,6 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
 
 
 __all__ = [
-    "EXIT_COULD_NOT_RUN",
-    "EXIT_HELD",
-    "EXIT_VIOLATED",
     "FORMATS",
     "TraceFormatError",
     "TraceInvariant",

@@ -12,16 +12,11 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from kvspec.stateful_tests.conformance import REPORT_SCHEMA
+from kvspec.report import ExitCode, Report, Status, now, rows
 
 from .lines import Line
-
-Verdict = Literal["held", "violated", "unknown"]
-EXIT_HELD, EXIT_VIOLATED, EXIT_COULD_NOT_RUN = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -64,7 +59,7 @@ class TraceResult:
     invariants: tuple[TraceInvariant, ...]
     adapter: str = ""
     adapter_version: str = ""
-    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    started_at: str = field(default_factory=now)
     duration_s: float = 0.0
     lines: int = 0
     steps: int = 0
@@ -78,86 +73,59 @@ class TraceResult:
     error_line: int | None = None
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         if self.error:
             return "error"
         return "violated" if self.violation is not None else "passed"
 
     @property
-    def exit_code(self) -> int:
-        return {"passed": EXIT_HELD, "violated": EXIT_VIOLATED}.get(self.status, EXIT_COULD_NOT_RUN)
+    def exit_code(self) -> ExitCode:
+        return ExitCode.of(self.status)
 
-    def verdict(self, name: str) -> Verdict:
-        if (self.violation is not None and name in self.violation.failures) or name in self.later_violations:
-            return "violated"
-        return "held" if self.checked.get(name, 0) else "unknown"
+    def _first_violation(self, name: str) -> dict[str, Any] | None:
+        v = self.violation
+        if v is not None and name in v.failures:
+            return v.to_json() | {"problems": v.failures[name][:5]}
+        return self.later_violations.get(name)
 
-    def verdicts(self) -> list[dict[str, Any]]:
-        """One row per invariant, in the format's order; an unknown one says why."""
-        rows = []
-        for inv in self.invariants:
-            verdict = self.verdict(inv.name)
-            first = None
-            if verdict == "violated" and self.violation is not None and inv.name in self.violation.failures:
-                first = self.violation.to_json() | {"problems": self.violation.failures[inv.name][:5]}
-            elif verdict == "violated":
-                first = self.later_violations[inv.name]
-            row: dict[str, Any] = {
-                "name": inv.name,
-                "kind": inv.kind,
-                "verdict": verdict,
-                "checked_steps": self.checked.get(inv.name, 0),
-                "first_violation": first,
-            }
-            if verdict == "unknown":
-                row["reason"] = self.unknown_reasons.get(inv.name, "not exercised by this trace")
-            rows.append(row)
-        return rows
-
-    def to_json(self) -> dict[str, Any]:
-        """The report of `kvspec check` (DESIGN.md), with a ``trace`` section for where it came from."""
-        return {
-            "kvspec_report": REPORT_SCHEMA,
-            "adapter": self.adapter,
-            "adapter_version": self.adapter_version,
-            "profile": "trace",
-            "seed": None,
-            "started_at": self.started_at,
-            "duration_s": round(self.duration_s, 3),
-            "examples": 1,
-            "steps": self.steps,
-            "status": self.status,
-            "error": self.error,
-            "invariants": self.verdicts(),
-            "coverage": dict(sorted(self.coverage.items())),
-            "findings": [],
-            "cases": [],
-            "trace": {
-                "path": self.path,
-                "format": self.fmt,
-                "lines": self.lines,
-                "error_line": self.error_line,
-                "violated": None if self.violation is None else self.violation.invariant,
-                "violated_line": None if self.violation is None else self.violation.line,
-            },
+    def report(self) -> Report:
+        """The check as the kit's report, with a ``trace`` section for where it came from."""
+        reasons = {
+            inv.name: self.unknown_reasons.get(inv.name, "not exercised by this trace") for inv in self.invariants
         }
+        firsts = {inv.name: first for inv in self.invariants if (first := self._first_violation(inv.name)) is not None}
+        error = self.error
+        if error and self.error_line is not None:
+            error = f"line {self.error_line}: {error}"
+        return Report(
+            adapter=self.adapter,
+            rows=rows([(inv.name, inv.kind) for inv in self.invariants], self.checked, firsts, reasons=reasons),
+            adapter_version=self.adapter_version,
+            profile="trace",
+            started_at=self.started_at,
+            duration_s=self.duration_s,
+            examples=1,
+            steps=self.steps,
+            status=self.status,
+            error=error,
+            coverage=self.coverage,
+            sections={
+                "trace": {
+                    "path": self.path,
+                    "format": self.fmt,
+                    "lines": self.lines,
+                    "error_line": self.error_line,
+                    "violated": None if self.violation is None else self.violation.invariant,
+                    "violated_line": None if self.violation is None else self.violation.line,
+                }
+            },
+            title=f"kvspec trace check: {self.path} ({self.fmt}), adapter {self.adapter or '-'}",
+            details=self._details(),
+        )
 
-    def table(self) -> str:
-        """The conformance table of `kvspec check`, for a trace."""
-        rows = self.verdicts()
-        width = max((len(r["name"]) for r in rows), default=9)
-        lines = [
-            f"kvspec trace check: {self.path} ({self.fmt}), adapter {self.adapter or '-'}",
-            "",
-            f"  {'invariant'.ljust(width)}  {'kind':<10}  {'verdict':<8}  {'steps':>7}",
-            f"  {'-' * width}  {'-' * 10}  {'-' * 8}  {'-' * 7}",
-        ]
-        for r in rows:
-            why = f"  ({r['reason']})" if r["verdict"] == "unknown" else ""
-            lines.append(
-                f"  {r['name'].ljust(width)}  {r['kind']:<10}  {r['verdict']:<8}  {r['checked_steps']:>7}{why}"
-            )
-        lines += ["", f"{self.lines} lines, {self.steps} steps replayed"]
+    def _details(self) -> list[str]:
+        """What the table says below the verdicts: lines replayed, coverage, the first violation in context."""
+        lines = ["", f"{self.lines} lines, {self.steps} steps replayed"]
         if self.coverage:
             lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(self.coverage.items())))
         v = self.violation
@@ -167,16 +135,7 @@ class TraceResult:
             lines.append(f"  {v.line:>6}> {json.dumps(v.event)}")
             for name, problems in v.failures.items():
                 lines += [f"  {name}: {p}" for p in problems[:3]]
-        if self.status == "error":
-            where = f" at line {self.error_line}" if self.error_line is not None else ""
-            lines.append(f"ERROR: the trace could not be checked{where}: {self.error}")
-        else:
-            lines.append("PASSED: every invariant held" if self.status == "passed" else "FAILED")
-        return "\n".join(lines)
-
-    def write_report(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return lines
 
 
 class Judge:

@@ -1,0 +1,119 @@
+"""One entry point for every adapter: ``check_adapter(factory, name, options) -> Report``.
+
+Which runner an adapter needs is declared by its capabilities, read from the one
+instance the run starts with: an in-process adapter (``apply``/``observe``) goes to the
+Hypothesis suite (:func:`.conformance.run_check`), a live one (``Capabilities.live``) to
+the live-server runner (:func:`.live.run_live`). The CLI, the pytest plugin and its
+fixture all come through here, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+from kvspec.adapters import AdapterFactory
+from kvspec.report import Report, Status, now
+
+from .conformance import PROFILES, Result, run_check
+from .harness import Tally
+from .live import LIVE_PROFILES, run_live
+
+
+@dataclass(frozen=True)
+class LiveTarget:
+    """Where a live adapter finds its server (``url`` None: the kit starts its tiny one), and what it records."""
+
+    url: str | None = None
+    events: str | None = None
+    replay: str | None = None
+    record: Path | None = None
+    mode: str = "both"
+
+
+@dataclass(frozen=True)
+class Options:
+    """How hard to look and where results go; the same for every adapter (live ones read ``live`` too)."""
+
+    profile: str = "ci"
+    seed: int | None = None
+    max_examples: int | None = None
+    cases_dir: Path = Path(".kvspec/cases")
+    step_timeout: float | None = 30.0
+    refine: bool = True
+    scenarios: bool = True
+    quiet: bool = True
+    live: LiveTarget = field(default_factory=LiveTarget)
+
+
+def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Report:
+    """Build the adapter, read its capabilities, run the suite that fits it; the report, whatever happened."""
+    profile = PROFILES[options.profile]
+    try:
+        adapter = factory()
+        live = adapter.capabilities.live
+    except KeyboardInterrupt:
+        return _not_started(name, options, "interrupted", "interrupted")
+    except Exception as exc:  # the adapter could not be built: the check could not run
+        return _not_started(name, options, "error", f"{type(exc).__name__}: {exc}")
+    if live:
+        from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
+
+        server = cast(VllmLiveAdapter, adapter)
+        target = options.live
+        server.configure(url=target.url, events=target.events, replay=target.replay, record=target.record)
+        return run_live(
+            server,
+            profile=LIVE_PROFILES[options.profile],
+            seed=options.seed,
+            mode=target.mode,
+            cases_dir=options.cases_dir,
+            progress=None if options.quiet else _say,
+        ).report()
+    extra = []
+    caps = adapter.capabilities
+    if options.scenarios and caps.fixed_config is None:
+        # The coverage-goal cases of the bounded model (committed, found by Z3) run first; only the ops the
+        # adapter implements are kept. Imported here: Z3 is needed only when they are.
+        from .bounded import coverage_cases
+
+        extra = coverage_cases(ops=caps.ops)
+    return run_check(
+        factory,
+        name=name,
+        profile=profile,
+        seed=options.seed,
+        max_examples=options.max_examples,
+        cases_dir=options.cases_dir,
+        step_timeout=options.step_timeout,
+        progress=None if options.quiet else _progress(),
+        refine=options.refine,
+        extra_cases=extra,
+        adapter=adapter,
+    ).report()
+
+
+def _not_started(name: str, options: Options, status: Status, error: str) -> Report:
+    """The report of a check whose adapter could not even be built: every verdict unknown."""
+    result = Result(name, "", options.profile, options.seed, now(), Tally(), status=status, error=error)
+    return result.report()
+
+
+def _say(line: str) -> None:
+    print(f"  ... {line}", file=sys.stderr, flush=True)
+
+
+def _progress() -> Callable[[Tally], None]:
+    """A progress line at most every two seconds."""
+    last = [time.monotonic()]
+
+    def show(tally: Tally) -> None:
+        if time.monotonic() - last[0] >= 2.0:
+            last[0] = time.monotonic()
+            _say(f"{tally.examples} examples, {tally.steps} steps")
+
+    return show
