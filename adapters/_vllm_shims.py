@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-MISSING_EXTRA = "vLLM extra not installed: pip install kvspec[vllm]"
+from kvspec.vllm_env import INSTALL_HINT, vllm_version
+
+MISSING_EXTRA = f"vLLM extra not installed: {INSTALL_HINT}"
 
 GROUP = 0
 """The one KV cache group (full attention) the adapters configure."""
@@ -247,7 +249,7 @@ def load() -> Vllm:
         return _VLLM
     try:
         torch = importlib.import_module("torch")
-        vllm = importlib.import_module("vllm")
+        importlib.import_module("vllm")
         request_mod = importlib.import_module("vllm.v1.request")
         manager_mod = importlib.import_module("vllm.v1.core.kv_cache_manager")
         pool_mod = importlib.import_module("vllm.v1.core.block_pool")
@@ -264,7 +266,7 @@ def load() -> Vllm:
     # A refused reset is an outcome here, not news: vLLM logs one warning per refusal.
     logging.getLogger(pool_mod.__name__).setLevel(logging.ERROR)
     _VLLM = Vllm(
-        version=str(getattr(vllm, "__version__", "unknown")),
+        version=vllm_version() or "unknown",
         torch=torch,
         Request=request_mod.Request,
         RequestStatus=request_mod.RequestStatus,

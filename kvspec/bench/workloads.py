@@ -390,6 +390,8 @@ def generate(name: str, seed: int = 0, **params: Any) -> Workload:
         raise SpecError(f"unknown workload {name!r}; known: {', '.join(GENERATORS)}")
     fn, fixed = GENERATORS[name]
     chosen = {**fixed, **params}
+    if int(chosen.get("block_size", 1)) <= 0:
+        raise SpecError("block_size must be positive")  # no block would ever fill: generation would not end
     ops = fn(random.Random(seed), **chosen)
     recorded = {k: _plain(v) for k, v in {**(fn.__kwdefaults__ or {}), **chosen}.items()}
     return Workload(name, seed, recorded, int(recorded["block_size"]), ops)

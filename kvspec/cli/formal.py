@@ -7,7 +7,6 @@ could not decide within its limits (never read that as a pass).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +198,9 @@ def cmd_crosshair(args: argparse.Namespace) -> int:
         print(f"  {line}")
     if result.timed_out:
         print(f"did not finish within the budget of {args.budget:g} s")
-    elif result.exit_code == ExitCode.COULD_NOT_RUN:
-        print(result.output[-2000:], file=sys.stderr)
     print(f"{result.verdict} ({result.seconds:.1f} s)")
+    if result.exit_code == ExitCode.COULD_NOT_RUN and not result.timed_out:
+        # CrossHair's own output ends with why (often its traceback): its last line is the reason.
+        reason = next((line for line in reversed(result.output.splitlines()) if line.strip()), "no output")
+        return fail(f"crosshair could not run: {reason.strip()}")
     return result.exit_code

@@ -15,6 +15,8 @@ from typing import Any
 from kvspec.adapters.vllm_live.server import ServerConfig, ServerStartError, TinyServer
 from kvspec.report import ExitCode
 
+from .common import fail
+
 
 def register(subparsers: Any) -> None:
     """Add ``serve-tiny`` to the ``kvspec`` command line; the handler is ``args.handler``."""
@@ -40,6 +42,11 @@ def register(subparsers: Any) -> None:
 
 def serve_tiny(args: argparse.Namespace) -> int:
     """Run :class:`TinyServer` until interrupted; print its endpoints once it is healthy."""
+    sizes = {"--num-gpu-blocks": args.num_gpu_blocks, "--block-size": args.block_size}
+    sizes |= {"--max-model-len": args.max_model_len, "--max-num-seqs": args.max_num_seqs, "--timeout": args.timeout}
+    bad = [name for name, value in sizes.items() if value is not None and value <= 0]
+    if bad:
+        return fail(f"{', '.join(bad)} must be positive", "kvspec serve-tiny")
     config = ServerConfig(
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
