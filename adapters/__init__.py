@@ -1,4 +1,8 @@
-"""Adapters: one module per implementation under test, found by name, dotted path or entry point."""
+"""Adapters: one module per implementation under test, found by name, dotted path or entry point.
+
+The kit's own adapters are listed once, in ``BUILTIN``; other packages add theirs as entry
+points of the ``kvspec.adapters`` group.
+"""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ Exit codes (a stable contract, :class:`kvspec.report.ExitCode`): 0 every invaria
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             return int(handler(args))
         except KeyboardInterrupt:
             print("kvspec: interrupted", file=sys.stderr)
+            return ExitCode.COULD_NOT_RUN
+        except BrokenPipeError:  # the reader of stdout went away (``| head``): no traceback at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return ExitCode.COULD_NOT_RUN
 
 

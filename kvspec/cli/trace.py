@@ -14,8 +14,8 @@ from typing import Any
 
 from kvspec.report import ExitCode
 from kvspec.spec import Config, SpecError
-from kvspec.traces import FORMATS, check_trace, vllm_events
-from kvspec.traces.lines import TraceFormatError, read_lines
+from kvspec.traces import FORMATS, check_trace, detect_format
+from kvspec.traces.lines import TraceFormatError
 
 from .common import fail
 
@@ -31,10 +31,10 @@ def register(subparsers: Any) -> None:
     check.add_argument("file", type=Path, help="the JSONL trace")
     check.add_argument(
         "--format",
-        choices=[AUTO, *FORMATS],
+        choices=[AUTO, *sorted(FORMATS)],
         default=AUTO,
-        help="kvspec: kvspec's own trace; vllm-events: vLLM KV cache events as the live adapter records them; "
-        "side-table: per-block lifecycle events; auto (default): from the first line",
+        help="; ".join(f"{name}: {module.DESCRIPTION}" for name, module in FORMATS.items())
+        + f"; {AUTO} (default): from the first line",
     )
     check.add_argument("--report", type=Path, default=None, help="write the JSON report (as kvspec check) here")
     check.add_argument("--context", type=int, default=3, help="lines shown before the first violation (default 3)")
@@ -55,18 +55,6 @@ def register(subparsers: Any) -> None:
         "--no-observations", action="store_true", help="kvspec format: record ops, outcomes and events only"
     )
     record.set_defaults(handler=cmd_record)
-
-
-def detect_format(path: Path) -> str:
-    """The format of a trace from its first line; raises TraceFormatError when it is none of them."""
-    first = read_lines(path)[0]
-    if "kvspec_trace" in first.data:
-        return "kvspec"
-    if "kvspec_side_table" in first.data or "event" in first.data:
-        return "side-table"
-    if vllm_events.kind_of(first.data) is not None:
-        return "vllm-events"
-    raise TraceFormatError(first.number, "cannot tell the trace's format from its first line; pass --format")
 
 
 def cmd_check(args: argparse.Namespace) -> int:

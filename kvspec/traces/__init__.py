@@ -5,6 +5,11 @@ own trace, vLLM's KV cache events, a KV block side table), replays it, and
 returns a TraceResult: per invariant held, violated or unknown with the lines
 it was checked on, and the first violation with its line and the lines before
 it. A log that cannot be read is an error with its line number, never a crash.
+
+A format is one module of this package, listed in ``FORMATS``, with:
+``DESCRIPTION`` (one line, for ``--help``), ``INVARIANTS`` (what it judges, in
+report order), ``recognizes(first_line) -> bool`` (for ``--format auto``) and
+``check(lines, judge)``.
 """
 
 from __future__ import annotations
@@ -20,9 +25,19 @@ from .result import Judge, TraceInvariant, TraceResult, TraceViolation
 
 FORMATS: dict[str, ModuleType] = {
     "kvspec": kvspec_format,
-    "side-table": side_table,
     "vllm-events": vllm_events,
+    "side-table": side_table,
 }
+"""Every trace format by name; ``--format auto`` asks each in this order whether it recognizes line 1."""
+
+
+def detect_format(path: Path | str) -> str:
+    """The format of a trace from its first line; TraceFormatError when no format recognizes it."""
+    first = read_lines(Path(path))[0]
+    for name, module in FORMATS.items():
+        if module.recognizes(first.data):
+            return name
+    raise TraceFormatError(first.number, "cannot tell the trace's format from its first line; pass --format")
 
 
 def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
@@ -59,4 +74,5 @@ __all__ = [
     "TraceResult",
     "TraceViolation",
     "check_trace",
+    "detect_format",
 ]

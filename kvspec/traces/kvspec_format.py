@@ -12,6 +12,7 @@ suite runs them on a live adapter.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
@@ -34,6 +35,7 @@ from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant
 
 TRACE_SCHEMA = 1
+DESCRIPTION = "kvspec's own trace"
 MAX_REPLAY_BLOCKS = 1 << 20
 TRACE_ORDER = "trace_order"
 
@@ -44,6 +46,11 @@ INVARIANTS: tuple[TraceInvariant, ...] = (
 
 # Refinement checks that read only the op, the outcome and the spec's prediction: they run without observations.
 OBSERVATION_FREE = frozenset({"predicted_admission", "predicted_prefix_hits"})
+
+
+def recognizes(first: Mapping[str, Any]) -> bool:
+    """A kvspec trace starts with its header."""
+    return "kvspec_trace" in first
 
 
 def header_json(

@@ -21,7 +21,7 @@ ledger after the event. Header fields are optional: a check that needs one is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant
 
 SIDE_TABLE_SCHEMA = 1
+DESCRIPTION = "per-block lifecycle events"
 
 EVENTS = (
     "prefix_lookup",
@@ -355,6 +356,11 @@ class SideTableLedger:
             holders.remove(block_id)
         if not holders:
             self.index.pop(block_hash, None)
+
+
+def recognizes(first: Mapping[str, Any]) -> bool:
+    """A side table starts with its header or with an event."""
+    return "kvspec_side_table" in first or "event" in first
 
 
 def check(lines: list[Line], judge: Judge) -> None:

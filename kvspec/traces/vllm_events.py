@@ -27,6 +27,14 @@ INVARIANTS: tuple[TraceInvariant, ...] = tuple(
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 
 
+DESCRIPTION = "vLLM KV cache events as the live adapter records them"
+
+
+def recognizes(first: Mapping[str, Any]) -> bool:
+    """A recorded live run starts with one of its record kinds."""
+    return kind_of(first) is not None
+
+
 def kind_of(data: Mapping[str, Any]) -> str | None:
     """The record kind, in the order check_recorded tells them apart; None for a note."""
     for kind in ("reset", "config", "request", "metrics"):
