@@ -7,9 +7,10 @@ summed. ``vllm:cache_config_info`` is an info-style gauge whose labels carry the
 from __future__ import annotations
 
 import importlib
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
+
+from .client import metrics_text
 
 USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
@@ -69,5 +70,4 @@ def parse_metrics(text: str) -> Metrics:
 
 def read_metrics(url: str, timeout: float = 10.0) -> Metrics:
     """GET ``url``/metrics and parse it."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
-        return parse_metrics(response.read().decode())
+    return parse_metrics(metrics_text(url, timeout))
