@@ -27,7 +27,7 @@ The modules, in the order a run uses them:
 - :mod:`.stats`: percentiles, the summary of a run and of an arm, the shared/unique ratios;
 - :mod:`.run`: the A/B driver, a fresh server per run from a launcher, /metrics before and after;
 - :mod:`.launcher`: the launcher of the kit's tiny vLLM server;
-- :mod:`.schema`: the result's contract (every key and its type) and the check of a result against it;
+- :mod:`.schema`: the check of a result against its JSON Schema, ``kvspec/schemas/bench-live.schema.json``;
 - :mod:`.render`: the table and the plot;
 - :mod:`.benchmark`: the entry point ``kvspec bench live`` calls: options in, exit code out, the JSON
   written (also when interrupted, or when a server does not start).
