@@ -196,7 +196,7 @@ class VllmLiveAdapter:
             "return_token_ids": True,
         }
         started = time.time()
-        reply = post_json(self.url, "/v1/completions", body, REQUEST_TIMEOUT_S)
+        reply = post_json(self.url, "/v1/completions", body, timeout=REQUEST_TIMEOUT_S)
         finished = time.time()
         choice = reply["choices"][0]
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}

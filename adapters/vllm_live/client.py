@@ -37,7 +37,7 @@ def get_json(base_url: str, path: str, timeout: float = 30.0) -> Any:
         return json.loads(response.read())
 
 
-def post_json(base_url: str, path: str, body: Mapping[str, Any] | None = None, timeout: float = 300.0) -> Any:
+def post_json(base_url: str, path: str, body: Mapping[str, Any] | None = None, *, timeout: float) -> Any:
     """POST ``body`` (``{}`` when None) as JSON to ``path``; the decoded answer, ``{}`` for an empty one."""
     with _open(base_url, path, timeout, body or {}) as response:
         text = response.read()
@@ -95,6 +95,10 @@ class RequestResult:
         return asdict(self) | {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
 
 
+def _status_error(status: int, body: bytes) -> str:
+    return f"HTTP {status}: {body[:200].decode('utf-8', errors='replace')}"
+
+
 def stream_completion(
     base_url: str,
     model: str,
@@ -127,7 +131,7 @@ def stream_completion(
         with _open(base_url, "/v1/completions", timeout, body) as response:
             result.status = response.status
             if response.status != 200:
-                result.error = f"HTTP {response.status}: {response.read()[:200].decode('utf-8', errors='replace')}"
+                result.error = _status_error(response.status, response.read())
                 return result
             for raw in response:
                 line = raw.decode("utf-8", errors="replace").strip()
@@ -152,9 +156,9 @@ def stream_completion(
                     details = usage.get("prompt_tokens_details") or {}
                     result.cached_tokens = details.get("cached_tokens")
             result.end_s = time.perf_counter() - clock_zero
-    except HTTPError as exc:
+    except HTTPError as exc:  # urllib raises for 400 and more; other answers but 200 are refused above
         result.status = exc.code
-        result.error = f"HTTP {exc.code}: {exc.read()[:200].decode('utf-8', errors='replace')}"
+        result.error = _status_error(exc.code, exc.read())
         return result
     except (OSError, http.client.HTTPException, ValueError) as exc:  # ValueError: bad JSON in a chunk
         # urllib wraps a failed connection in URLError: name its cause (ConnectionRefusedError: ...).
