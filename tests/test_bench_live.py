@@ -11,8 +11,8 @@ requests (by arrival order) fail with HTTP 500, a streamed error object, or a st
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -23,19 +23,16 @@ from typing import Any
 
 import pytest
 
-from kvspec.bench import live_ab
-from kvspec.bench.live_ab import (
-    COUNTERS,
-    WorkloadShape,
-    make_prompts,
-    percentile,
-    run_ab,
-    run_load,
-    run_order,
-    schema_problems,
-    stream_completion,
-    summarise_run,
-)
+from kvspec.adapters.vllm_live.client import RequestResult, stream_completion
+from kvspec.bench.live.benchmark import LiveOptions, configuration, run_benchmark
+from kvspec.bench.live.load import LoadResult, run_load
+from kvspec.bench.live.render import plot
+from kvspec.bench.live.run import COUNTERS, ServerDidNotStart, run_ab, run_order
+from kvspec.bench.live.schema import schema_problems
+from kvspec.bench.live.stats import percentile, ratios, summarise_arm, summarise_run
+from kvspec.bench.live.workload import ARMS, WorkloadShape, make_prompts
+from kvspec.cli import main
+from kvspec.report import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,13 +210,11 @@ class FakeLauncher:
             yield url
 
 
-def _args(**overrides: Any) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    live_ab.add_arguments(parser)
-    args = parser.parse_args([])
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    return args
+def _options(**overrides: Any) -> LiveOptions:
+    """LiveOptions with the workload figures among ``overrides`` in its shape."""
+    shape_keys = {f.name for f in dataclasses.fields(WorkloadShape)}
+    shape = WorkloadShape(**{k: v for k, v in overrides.items() if k in shape_keys})
+    return LiveOptions(shape=shape, **{k: v for k, v in overrides.items() if k not in shape_keys})
 
 
 # --------------------------------------------------------------------------- workloads and statistics
@@ -258,11 +253,11 @@ def test_percentile_interpolates_between_order_statistics() -> None:
 
 def test_summary_of_known_requests() -> None:
     requests = [
-        live_ab.RequestResult(0, True, 200, None, 0.0, 0.1, 1.1, 8, 11, 0),  # TTFT 0.1, TPOT 0.1
-        live_ab.RequestResult(1, True, 200, None, 1.0, 1.3, 2.3, 8, 11, 4),  # TTFT 0.3, TPOT 0.1
-        live_ab.RequestResult(2, False, 500, "HTTP 500: no", 1.0),
+        RequestResult(0, True, 200, None, 0.0, 0.1, 1.1, 8, 11, 0),  # TTFT 0.1, TPOT 0.1
+        RequestResult(1, True, 200, None, 1.0, 1.3, 2.3, 8, 11, 4),  # TTFT 0.3, TPOT 0.1
+        RequestResult(2, False, 500, "HTTP 500: no", 1.0),
     ]
-    s = summarise_run(live_ab.LoadResult(requests, wall_s=2.0))
+    s = summarise_run(LoadResult(requests, wall_s=2.0))
     assert (s["ok"], s["failures"], s["failure_reasons"]) == (2, 1, ["HTTP 500: no"])
     assert s["ttft_median_s"] == pytest.approx(0.2) and s["ttft_p90_s"] == pytest.approx(0.28)
     assert s["tpot_median_s"] == pytest.approx(0.1)
@@ -319,11 +314,11 @@ def test_ab_on_fake_restarts_per_run_and_the_shared_arm_hits(tmp_path: Path, cap
     # Each uncached token costs 2 ms before the first token: the shared arm's hits must show in TTFT.
     launcher = FakeLauncher(block_size=4, base_ttft=0.005, per_uncached=0.002, itl=0.002)
     out = tmp_path / "ab.json"
-    args = _args(
+    options = _options(
         requests=6, prompt_tokens=40, shared_tokens=32, output_tokens=4, concurrency=2, pairs=2,
-        block_size=4, num_blocks=64, settle=0.0, json=out, quiet=True,
+        block_size=4, num_blocks=64, settle_s=0.0, json_path=out, quiet=True,
     )  # fmt: skip
-    assert live_ab.cmd_live(args, launcher=launcher) == live_ab.EXIT_OK
+    assert run_benchmark(options, launcher=launcher) == ExitCode.DONE
     result = json.loads(out.read_text())
     assert schema_problems(result) == []
     assert len(launcher.started) == 4, "a fresh server for every run"
@@ -344,11 +339,11 @@ def test_ab_on_fake_restarts_per_run_and_the_shared_arm_hits(tmp_path: Path, cap
     text = capsys.readouterr().out
     assert "shared/unique" in text and "order:" in text and text.count("\n") >= 10
     # A saved result redraws to the same table; a truncated one is refused with exit 2.
-    assert live_ab.cmd_live(_args(from_json=out)) == live_ab.EXIT_OK
+    assert main(["bench", "live", "--from-json", str(out)]) == ExitCode.DONE
     assert capsys.readouterr().out == text
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({k: v for k, v in result.items() if k != "arms"}))
-    assert live_ab.cmd_live(_args(from_json=broken)) == live_ab.EXIT_COULD_NOT_RUN
+    assert main(["bench", "live", "--from-json", str(broken)]) == ExitCode.COULD_NOT_RUN
     assert "arms.unique is missing" in capsys.readouterr().err
 
 
@@ -364,9 +359,9 @@ def test_plot_is_drawn_when_matplotlib_is_installed(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the plot is optional: matplotlib is not a dependency of the kit")
     shape = WorkloadShape(requests=4, prompt_tokens=8, shared_tokens=4, output_tokens=3, concurrency=2)
     result = run_ab(FakeLauncher(), shape, 1, settle_s=0.0)
-    result["configuration"] = live_ab.configuration(_args(), shape)
+    result["configuration"] = configuration(LiveOptions(shape=shape))
     png = tmp_path / "ab.png"
-    assert live_ab.plot(result, png)
+    assert plot(result, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -387,12 +382,12 @@ def test_metric_deltas_come_from_the_raw_metrics_text(tmp_path: Path) -> None:
 def test_server_that_cannot_start_exits_2_with_the_log_tail(tmp_path: Path, capsys: Any) -> None:
     @contextlib.contextmanager
     def broken() -> Iterator[str]:
-        raise live_ab.ServerDidNotStart("the server exited with code 1 before it was healthy", "ValueError: boom")
+        raise ServerDidNotStart("the server exited with code 1 before it was healthy", "ValueError: boom")
         yield "unreachable"
 
     out = tmp_path / "ab.json"
-    code = live_ab.cmd_live(_args(requests=2, settle=0.0, json=out, quiet=True), launcher=broken)
-    assert code == live_ab.EXIT_COULD_NOT_RUN
+    code = run_benchmark(_options(requests=2, settle_s=0.0, json_path=out, quiet=True), launcher=broken)
+    assert code == ExitCode.COULD_NOT_RUN
     assert "ValueError: boom" in capsys.readouterr().err
     result = json.loads(out.read_text())
     assert result["exit_code"] == 2 and result["server_log_tail"] == "ValueError: boom"
@@ -409,8 +404,10 @@ def test_ctrl_c_keeps_the_runs_done_so_far(tmp_path: Path, capsys: Any) -> None:
             yield url
 
     out = tmp_path / "ab.json"
-    args = _args(requests=2, prompt_tokens=8, shared_tokens=4, output_tokens=2, settle=0.0, json=out, quiet=True)
-    assert live_ab.cmd_live(args, launcher=interrupted_on_second_launch) == live_ab.EXIT_COULD_NOT_RUN
+    options = _options(
+        requests=2, prompt_tokens=8, shared_tokens=4, output_tokens=2, settle_s=0.0, json_path=out, quiet=True
+    )
+    assert run_benchmark(options, launcher=interrupted_on_second_launch) == ExitCode.COULD_NOT_RUN
     result = json.loads(out.read_text())
     assert schema_problems(result) == []
     assert result["error"] == "interrupted" and [r["arm"] for r in result["runs"]] == ["unique"]
@@ -424,7 +421,7 @@ def test_schema_problems_name_what_is_missing() -> None:
     shape = WorkloadShape(requests=2, prompt_tokens=8, shared_tokens=4, output_tokens=2, concurrency=1)
     result = {"kvspec_bench_live": 1, "configuration": {}, "exit_code": 0, "duration_s": 0.1, "started_at": "x"}
     result |= run_ab(launcher, shape, 1, settle_s=0.0)
-    result["configuration"] = live_ab.configuration(_args(requests=2, prompt_tokens=8, shared_tokens=4), shape)
+    result["configuration"] = configuration(_options(requests=2, prompt_tokens=8, shared_tokens=4))
     assert schema_problems(result) == []
     del result["runs"][1]["summary"]["ttft_median_s"]
     assert any("runs[1].summary.ttft_median_s" in p for p in schema_problems(result))
@@ -442,15 +439,15 @@ def test_committed_result_matches_the_schema() -> None:
     # Every figure is recomputed from the raw per-request records it was summarised from.
     for run in result["runs"]:
         assert summarise_run(_reload(run)) == run["summary"]
-    arms = {arm: live_ab.summarise_arm([r for r in result["runs"] if r["arm"] == arm]) for arm in live_ab.ARMS}
+    arms = {arm: summarise_arm([r for r in result["runs"] if r["arm"] == arm]) for arm in ARMS}
     assert arms == result["arms"]
-    assert live_ab.ratios(arms["unique"], arms["shared"]) == result["ratios_shared_over_unique"]
+    assert ratios(arms["unique"], arms["shared"]) == result["ratios_shared_over_unique"]
     assert arms["shared"]["prefix_hit_tokens_usage"] > arms["unique"]["prefix_hit_tokens_usage"]
 
 
-def _reload(run: dict[str, Any]) -> live_ab.LoadResult:
+def _reload(run: dict[str, Any]) -> LoadResult:
     fields = [{k: v for k, v in r.items() if k not in ("ttft_s", "tpot_s")} for r in run["requests"]]
-    return live_ab.LoadResult([live_ab.RequestResult(**f) for f in fields], run["summary"]["wall_s"])
+    return LoadResult([RequestResult(**f) for f in fields], run["summary"]["wall_s"])
 
 
 def test_a_recomputed_summary_catches_an_edited_request() -> None:
@@ -468,8 +465,7 @@ def test_small_ab_on_the_real_server(tmp_path: Path) -> None:
     pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
     pytest.importorskip("prometheus_client", reason="vLLM's /metrics parsing needs prometheus-client")
     out = tmp_path / "ab.json"
-    args = _args(requests=8, concurrency=2, pairs=1, json=out, quiet=True)
-    assert live_ab.cmd_live(args) == live_ab.EXIT_OK
+    assert main(["bench", "live", "-n", "8", "-c", "2", "--pairs", "1", "--json", str(out), "--quiet"]) == ExitCode.DONE
     result = json.loads(out.read_text())
     assert schema_problems(result) == []
     unique, shared = result["arms"]["unique"], result["arms"]["shared"]

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+from urllib.error import HTTPError
 
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import Semantics
 from kvspec.spec.stream import StreamResult
 
+from .client import get_json, post_json
 from .events import EventSubscriber
 from .hashing import DEFAULT_NONE_HASH_SEED
 from .metrics import Metrics, read_metrics
@@ -128,7 +127,7 @@ class VllmLiveAdapter:
         block_size = metrics.block_size
         if block_size is None:
             raise LiveError("vllm:cache_config_info gives no block_size: is this a vLLM server?")
-        models = self._get_json("/v1/models")["data"]
+        models = get_json(ep.url, "/v1/models")["data"]
         max_model_len = int(models[0].get("max_model_len") or self._server_config.max_model_len)
         vocab = int(self.server.model_config["vocab_size"]) if self.server else 1024
         self.server_info = ServerInfo(
@@ -187,31 +186,17 @@ class VllmLiveAdapter:
             raise LiveError("the adapter is not started")
         return self.endpoints.url
 
-    def _get_json(self, path: str) -> Any:
-        base = self.endpoints.url if self.endpoints else (self._url or "").rstrip("/")
-        with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
-            return json.loads(response.read())
-
-    def _post_json(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body or {}).encode()
-        request = urllib.request.Request(
-            f"{self.url}{path}", data=data, headers={"Content-Type": "application/json"}, method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-            text = response.read()
-        return json.loads(text) if text.strip() else {}
-
     def _version(self) -> str:
         try:
-            return str(self._get_json("/version").get("version", ""))
-        except (urllib.error.URLError, OSError, ValueError):
+            return str(get_json(self.url, "/version").get("version", ""))
+        except (OSError, ValueError):  # OSError: urllib's URLError among them
             return ""
 
     def _probe_reset(self) -> bool:
         """Whether POST /reset_prefix_cache exists (the server runs with VLLM_SERVER_DEV_MODE=1)."""
         try:
             return self.reset_cache()
-        except urllib.error.HTTPError:
+        except HTTPError:
             return False
 
     # -- what the runner drives -------------------------------------------------------
@@ -228,7 +213,7 @@ class VllmLiveAdapter:
             "return_token_ids": True,
         }
         started = time.time()
-        reply = self._post_json("/v1/completions", body)
+        reply = post_json(self.url, "/v1/completions", body, timeout=REQUEST_TIMEOUT_S)
         finished = time.time()
         choice = reply["choices"][0]
         details = (reply.get("usage") or {}).get("prompt_tokens_details") or {}
@@ -258,7 +243,7 @@ class VllmLiveAdapter:
 
     def reset_cache(self) -> bool:
         """POST /reset_prefix_cache; recorded; True when the server emptied its prefix cache."""
-        reply = self._post_json("/reset_prefix_cache")
+        reply = post_json(self.url, "/reset_prefix_cache", timeout=REQUEST_TIMEOUT_S)
         success = bool(reply.get("success", True)) if isinstance(reply, dict) else True
         self.recorder.add({"reset": {"ts": time.time(), "success": success}})
         return success

@@ -1,15 +1,19 @@
-"""A vLLM server's /metrics, parsed with prometheus-client: the gauges the stream checks read.
+"""A vLLM server's /metrics, parsed with prometheus-client: the gauges the stream checks read, the counters
+the live benchmark records.
 
 Counters keep their ``_total`` sample names; a metric with several label sets (one per engine) is
-summed. ``vllm:cache_config_info`` is an info-style gauge whose labels carry the cache shape.
+summed. ``vllm:cache_config_info`` is an info-style gauge whose labels carry the cache shape. A
+sample the page does not have reads as None: unavailable, never zero.
 """
 
 from __future__ import annotations
 
 import importlib
-import urllib.request
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .client import metrics_text
 
 USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
@@ -28,6 +32,10 @@ class Metrics:
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
+
+    def counters(self, names: Iterable[str]) -> dict[str, float | None]:
+        """Each named sample's value; None where the page does not have it."""
+        return {name: self.values.get(name) for name in names}
 
     @property
     def block_size(self) -> int | None:
@@ -69,5 +77,13 @@ def parse_metrics(text: str) -> Metrics:
 
 def read_metrics(url: str, timeout: float = 10.0) -> Metrics:
     """GET ``url``/metrics and parse it."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout) as response:
-        return parse_metrics(response.read().decode())
+    return parse_metrics(metrics_text(url, timeout))
+
+
+def counter_deltas(before: Mapping[str, float | None], after: Mapping[str, float | None]) -> dict[str, float | None]:
+    """after - before for each counter of ``before``; None where either side lacks it."""
+    deltas: dict[str, float | None] = {}
+    for name, first in before.items():
+        last = after.get(name)
+        deltas[name] = None if first is None or last is None else last - first
+    return deltas

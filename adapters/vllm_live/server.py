@@ -23,14 +23,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from kvspec.vllm_env import vllm_missing
+
+from .client import healthy, served_model
 
 TINY_CONFIG: dict[str, Any] = {
     "vocab_size": 1024,
@@ -130,9 +130,7 @@ class Endpoints:
 def attach(url: str, events: str | None = None, replay: str | None = None, topic: str = "") -> Endpoints:
     """Endpoints of a server the kit did not start: its model name is read from /v1/models."""
     base = url.rstrip("/")
-    with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as response:
-        model = str(json.loads(response.read())["data"][0]["id"])
-    return Endpoints(base, events, replay, topic=topic, model=model)
+    return Endpoints(base, events, replay, topic=topic, model=served_model(base))
 
 
 def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float) -> str | None:
@@ -141,12 +139,8 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout: float) -> s
     while time.monotonic() < deadline:
         if server.poll() is not None:
             return f"the server exited with code {server.returncode} before it was healthy"
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    return None
-        except (urllib.error.URLError, OSError):
-            pass
+        if healthy(url, timeout=2):
+            return None
         time.sleep(0.5)
     return f"the server was not healthy within {timeout:.0f} s"
 

@@ -20,7 +20,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kvspec.bench import live_ab
+from kvspec.bench.live.benchmark import LiveOptions, redraw, run_benchmark
+from kvspec.bench.live.launcher import MODEL_SHAPES
+from kvspec.bench.live.workload import WorkloadShape
 from kvspec.bench.policy_ab import DEFAULT_FRACTIONS, BenchError, default_policies, load_policy, plot, run_ab, table
 from kvspec.bench.workloads import GENERATORS, Workload, generate
 from kvspec.report import ExitCode
@@ -96,12 +98,56 @@ def register_policies(bench_sub: Any) -> None:
 
 
 def register_live(bench_sub: Any) -> None:
-    """``bench live``: the A/B on a live vLLM server (kvspec/bench/live_ab.py)."""
-    live = bench_sub.add_parser(
+    """``bench live``: the A/B on a live vLLM server (kvspec/bench/live/)."""
+    p = bench_sub.add_parser(
         "live", help="A/B benchmark on a live vLLM server: unique prompts vs one long shared prefix"
     )
-    live_ab.add_arguments(live)
-    live.set_defaults(handler=live_ab.cmd_live)
+    shape, options = WorkloadShape(), LiveOptions()
+    p.add_argument("--requests", "-n", type=int, default=shape.requests, help="requests per run (N)")
+    p.add_argument("--prompt-tokens", type=int, default=shape.prompt_tokens, help="prompt length P, both arms")
+    p.add_argument(
+        "--shared-tokens", type=int, default=shape.shared_tokens, help="shared prefix S of the shared arm (S < P)"
+    )
+    p.add_argument("--output-tokens", type=int, default=shape.output_tokens, help="max_tokens O (ignore_eos)")
+    p.add_argument("--concurrency", "-c", type=int, default=shape.concurrency, help="requests in flight (C)")
+    p.add_argument(
+        "--pairs", type=int, default=options.pairs, help="pairs of runs, order alternating (default %(default)s)"
+    )
+    p.add_argument("--seed", type=int, default=shape.seed, help="seed of the random prompts")
+    p.add_argument(
+        "--block-size", type=int, default=options.block_size, help="tokens per KV block (32: the CPU minimum)"
+    )
+    p.add_argument(
+        "--num-blocks",
+        type=int,
+        default=options.num_blocks,
+        help="KV pool size incl. the null block (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-num-seqs", type=int, default=options.max_num_seqs, help="vLLM --max-num-seqs (default %(default)s)"
+    )
+    p.add_argument(
+        "--model",
+        choices=sorted(MODEL_SHAPES),
+        default=options.model,
+        help="random Llama shape: small (default) or tiny",
+    )
+    p.add_argument(
+        "--startup-timeout", type=float, default=options.startup_timeout_s, help="seconds for a server to come up"
+    )
+    p.add_argument(
+        "--request-timeout", type=float, default=options.request_timeout_s, help="seconds before a request fails"
+    )
+    p.add_argument(
+        "--settle", type=float, default=options.settle_s, help="seconds between the last answer and /metrics"
+    )
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="write the JSON result here")
+    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="draw a figure (matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--from-json", type=Path, default=None, metavar="IN", help="run nothing: print the table (and --plot) of IN"
+    )
+    p.set_defaults(handler=cmd_live)
 
 
 SUBCOMMANDS: list[Callable[[Any], None]] = [register_workloads, register_policies, register_live]
@@ -175,6 +221,31 @@ def cmd_policies(args: argparse.Namespace) -> int:
         why_not = plot(result, str(args.plot))
         print(why_not or f"plot: {args.plot}")
     return ExitCode.DONE
+
+
+def cmd_live(args: argparse.Namespace) -> int:
+    """Redraw a saved result (``--from-json``), or run the benchmark with the options as given."""
+    if args.from_json is not None:
+        return redraw(args.from_json, args.plot)
+    shape = WorkloadShape(
+        args.requests, args.prompt_tokens, args.shared_tokens, args.output_tokens, args.concurrency, seed=args.seed
+    )
+    options = LiveOptions(
+        shape=shape,
+        pairs=args.pairs,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_num_seqs=args.max_num_seqs,
+        model=args.model,
+        startup_timeout_s=args.startup_timeout,
+        request_timeout_s=args.request_timeout,
+        settle_s=args.settle,
+        json_path=args.json,
+        plot_path=args.plot,
+        quiet=args.quiet,
+        command=(Path(sys.argv[0]).name, *args.argv),
+    )
+    return run_benchmark(options)
 
 
 def _vllm_unusable() -> str | None:

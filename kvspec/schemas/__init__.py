@@ -10,7 +10,7 @@ error and a test can assert on the place.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -44,11 +44,23 @@ def where(path: Iterable[str | int]) -> str:
     return out
 
 
+def _missing(error: ValidationError, key: str) -> list[str]:
+    """Where a missing ``key`` leaves a hole: the key itself or, for an object whose schema is written in
+    place beside the ``required``, the keys that object must hold (``arms.unique``: what to add)."""
+    declared = error.schema.get("properties", {}).get(key, {}) if isinstance(error.schema, Mapping) else {}
+    inner = declared.get("required", []) if isinstance(declared, Mapping) else []
+    return [where([*error.absolute_path, key, sub]) for sub in inner] or [where([*error.absolute_path, key])]
+
+
 def _lines(error: ValidationError) -> list[str]:
     place = where(error.absolute_path)
-    required = error.validator_value
-    if error.validator == "required" and isinstance(error.instance, dict) and isinstance(required, list):
-        return [f"{where([*error.absolute_path, key])} is missing" for key in required if key not in error.instance]
+    if error.validator == "required" and isinstance(error.instance, dict) and isinstance(error.validator_value, list):
+        return [
+            f"{hole} is missing"
+            for key in error.validator_value
+            if key not in error.instance
+            for hole in _missing(error, key)
+        ]
     if error.validator == "type":
         wanted = error.validator_value
         names = " or ".join(wanted) if isinstance(wanted, list) else str(wanted)
@@ -60,6 +72,7 @@ def _lines(error: ValidationError) -> list[str]:
 def problems(document: Any, name: str) -> list[str]:
     """Every way ``document`` departs from schema ``name`` (empty when it conforms), in document order."""
     errors = sorted(_validator(name).iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+    # jsonschema reports each missing key of a "required" as an error of its own: one line per hole.
     return list(dict.fromkeys(line for error in errors for line in _lines(error)))
 
 
