@@ -31,7 +31,9 @@ SMALL = LiveProfile("small", exact_requests=40, bursts=(Burst("pressure", 8, 200
 
 
 def attached(ep: Endpoints, record: Path | None = None) -> VllmLiveAdapter:
-    return VllmLiveAdapter(url=ep.url, events=ep.events, replay=ep.replay, record=record)
+    adapter = VllmLiveAdapter()
+    adapter.configure(url=ep.url, events=ep.events, replay=ep.replay, record=record)
+    return adapter
 
 
 def test_exact_mode_holds_and_predicts_every_hit(vllm_live_server: Endpoints, tmp_path: Path) -> None:

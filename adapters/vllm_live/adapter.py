@@ -8,7 +8,7 @@ the outside shows - the KV event batches, each request's ``cached_tokens`` and o
 gauges of /metrics, the resets - as the records of :mod:`.recorded`. The checks are the spec's
 (:mod:`kvspec.spec.stream`), run over those records by :func:`.recorded.check_recorded`.
 
-It starts the kit's :class:`.server.TinyServer` unless given a ``url`` (then ``events`` and
+It starts the kit's :class:`.server.TinyServer` unless :meth:`configure` gave it a ``url`` (then ``events`` and
 ``replay`` name the server's ZMQ endpoints, if it publishes any).
 """
 
@@ -65,17 +65,12 @@ class VllmLiveAdapter:
     )
 
     def __init__(
-        self,
-        *,
-        url: str | None = None,
-        events: str | None = None,
-        replay: str | None = None,
-        record: Path | None = None,
-        server_config: ServerConfig | None = None,
-        none_hash_seed: str = DEFAULT_NONE_HASH_SEED,
+        self, *, server_config: ServerConfig | None = None, none_hash_seed: str = DEFAULT_NONE_HASH_SEED
     ) -> None:
-        self._url, self._events, self._replay = url, events, replay
-        self._record_path = record
+        self._url: str | None = None
+        self._events: str | None = None
+        self._replay: str | None = None
+        self._record_path: Path | None = None
         self._server_config = server_config or ServerConfig()
         self._none_hash_seed = none_hash_seed
         self.server: TinyServer | None = None
