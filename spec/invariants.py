@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .model import Content, Step, validate
+from .ledger import Content, Step, validate
 from .observation import ObjectView, Observation
 from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
 from .policies import (

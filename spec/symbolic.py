@@ -1,6 +1,6 @@
 """The block-granularity spec in Z3: a bounded pool's state and its transition relation.
 
-This is ``LedgerModel.step`` for ``Semantics(granularity="block", eviction="lru",
+This is ``BlockLedger.step`` for ``Semantics(granularity="block", eviction="lru",
 hit_cap=True, reset_requires_idle=True)`` written as a Z3 function from a
 symbolic state and a symbolic operation to the successor state, the outcome and
 the events. The pool is bounded (``Bounds``): N blocks, R requests named
@@ -40,7 +40,7 @@ from typing import Any
 
 import z3
 
-from .model import LedgerModel
+from .ledger import BlockLedger, LedgerModel
 from .observation import ObjectView, Observation, RequestState, RequestView
 from .ops import Config, Event, Op, Outcome, Semantics
 
@@ -448,7 +448,7 @@ class Encoding:
         }
 
     def step(self, s: SymState, op: SymOp) -> SymStep:
-        """``LedgerModel.step`` (block granularity) on a symbolic state."""
+        """``BlockLedger.step`` on a symbolic state."""
         N = self.bounds.blocks
         k = op.kind
         r = self._of_req(s, op)
@@ -541,7 +541,7 @@ class Encoding:
         return klen, kbits, assigned
 
     def _admission(self, s: SymState, op: SymOp, tl: Term, tb: Term) -> SymStep:
-        """``_block_admission``: hit the cached chain (capped), pop the rest from the queue head."""
+        """``BlockLedger._admission``: hit the cached chain (capped), pop the rest from the queue head."""
         N, B = self.bounds.blocks, self.bounds.block_size
         n_ = range(N)
         full = self.floor_div(tl)
@@ -637,7 +637,7 @@ class Encoding:
         )
 
     def _append(self, s: SymState, op: SymOp, r: Mapping[str, Any]) -> SymStep:
-        """``_block_append``: pop the blocks past the tail; key the blocks that became full."""
+        """``BlockLedger._append``: pop the blocks past the tail; key the blocks that became full."""
         N, B = self.bounds.blocks, self.bounds.block_size
         n_ = range(N)
         tlen, nb, row = r["tlen"], r["nb"], r["tab"]
@@ -698,7 +698,7 @@ class Encoding:
         )
 
     def _free(self, s: SymState, op: SymOp, r: Mapping[str, Any], *, keep: Term, release: Term) -> SymStep:
-        """``_block_free``: drop the references tail block first; a block at zero joins the queue's tail."""
+        """``BlockLedger._drop_references``: drop them tail block first; a block at zero joins the queue's tail."""
         N = self.bounds.blocks
         n_ = range(N)
         nb, row = r["nb"], r["tab"]
@@ -755,7 +755,7 @@ class Encoding:
         return SymStep(self.num(OK), zero, (z3.BoolVal(False),) * N, tuple(reclaimed), after)
 
     def _reset(self, s: SymState) -> SymStep:
-        """``_block_reset_cache``: refused while any block is referenced; else reclaim every cached block."""
+        """``BlockLedger._reset_cache``: refused while any block is referenced; else reclaim every cached block."""
         N = self.bounds.blocks
         zero = self.num(0)
         idle = z3.And(*[v == zero for v in s.ref])
@@ -884,7 +884,7 @@ class Encoding:
     def encode_model(self, model: LedgerModel) -> SymState:
         """The Python spec's state as constant terms (it must be within the bounds)."""
         b = self.bounds
-        if model.config != b.config or model.semantics.granularity != "block":
+        if model.config != b.config or not isinstance(model, BlockLedger):
             raise ValueError("the model's pool is not this encoding's")
         bs = b.block_size
         indexed = {sid: key for key, sid in model.index.items()}
