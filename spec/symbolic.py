@@ -593,8 +593,8 @@ class Encoding:
             for t in n_
         ]
         popped = [z3.And(pos1[t] >= self.num(0), pos1[t] < need) for t in n_]
-        rest = [z3.If(pos1[t] >= need, pos1[t] - need, self.num(-1)) for t in n_]
-        pos2 = self.queue_after_admission(s, rest, ishit, inq, need)
+        remaining = [z3.If(pos1[t] >= need, pos1[t] - need, self.num(-1)) for t in n_]
+        pos2 = self.queue_after_admission(s, remaining, ishit, inq, need)
         klen1, kbits1 = self.unindex_popped(s, popped)
         at = [[z3.And(popped[t], pos1[t] == self.num(i) - hb) for t in n_] for i in n_]
         wanted = [z3.And(self.num(i) >= hb, self.num(i) < full) for i in n_]
@@ -697,7 +697,7 @@ class Encoding:
         )
 
     def _free(self, s: SymState, op: SymOp, r: Mapping[str, Any], *, keep: Term, release: Term) -> SymStep:
-        """``BlockLedger._drop_references``: drop them tail block first; a block at zero joins the queue's tail."""
+        """``BlockLedger._drop_references``: tail block first; a block at ref_count 0 joins the queue's tail."""
         N = self.bounds.blocks
         n_ = range(N)
         nb, row = r["nb"], r["tab"]

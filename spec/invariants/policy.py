@@ -192,12 +192,7 @@ def policy_conformance(t: Transition) -> Problems:
             for c, f in features.items()
         }
         keys = {c: order_key(order, f, params) for c, f in ranked.items()}
-        first = min(keys, key=keys.__getitem__)
-        if first != oid:
-            problems.append(
-                f"{t.op} evicted block {oid!r} (rank key {_fmt(keys[oid])}) but {order} ranks "
-                f"block {first!r} (rank key {_fmt(keys[first])}) first"
-            )
+        problems += _not_ranked_first(t, oid, keys, order, "block ")
         del features[oid]
         cached.pop(oid, None)
     return problems
@@ -233,14 +228,22 @@ def _ledger_conformance(t: Transition, evicted: list[Hashable]) -> Problems:
         if oid not in keys:
             problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
             continue
-        first = min(keys, key=keys.__getitem__)
-        if first != oid:
-            problems.append(
-                f"{t.op} evicted {oid!r} (rank key {_fmt(keys[oid])}) but {t.semantics.eviction} ranks "
-                f"{first!r} (rank key {_fmt(keys[first])}) first"
-            )
+        problems += _not_ranked_first(t, oid, keys, t.semantics.eviction, "")
         del keys[oid]
     return problems
+
+
+def _not_ranked_first(
+    t: Transition, oid: Hashable, keys: dict[Hashable, tuple[float, ...]], order: str, what: str
+) -> list[str]:
+    """The problem, if any, of evicting ``oid`` when ``order`` ranks another candidate first by ``keys``."""
+    first = min(keys, key=keys.__getitem__)
+    if first == oid:
+        return []
+    return [
+        f"{t.op} evicted {what}{oid!r} (rank key {_fmt(keys[oid])}) but {order} ranks "
+        f"{what}{first!r} (rank key {_fmt(keys[first])}) first"
+    ]
 
 
 def _fmt(key: tuple[float, ...]) -> str:
