@@ -7,19 +7,17 @@ records (``RecordLedger``), and byte-sized entries with a retention score
 ``semantics.granularity`` names.
 """
 
-from .base import CacheObject, Content, LedgerModel, Request, Step, validate
+from .base import Content, LedgerModel, Step, validate
 from .block import BlockLedger
 from .keyed import EntryLedger, KeyedLedger, RecordLedger
 
 __all__ = [
     "BlockLedger",
-    "CacheObject",
     "Content",
     "EntryLedger",
     "KeyedLedger",
     "LedgerModel",
     "RecordLedger",
-    "Request",
     "Step",
     "validate",
 ]

@@ -55,6 +55,7 @@ class BlockLedger(LedgerModel, granularity="block"):
 
     # -- the index and the free queue -------------------------------------------------
     def _prefix(self, tokens: Content, i: int) -> Content:
+        """The key of block ``i`` of ``tokens``: its whole prefix."""
         return tokens[: (i + 1) * self.config.block_size]
 
     def _unindex(self, key: Content, sid: int) -> None:
@@ -223,6 +224,7 @@ class BlockLedger(LedgerModel, granularity="block"):
 
     # -- the operations -------------------------------------------------------------------
     def _admit(self, op: Op) -> Outcome:
+        """A new request: the admission of its prompt."""
         assert op.req is not None
         return self._admission(op.req, Request(op.tokens, len(op.tokens)))
 
@@ -256,6 +258,7 @@ class BlockLedger(LedgerModel, granularity="block"):
         return Outcome.ok()
 
     def _release(self, op: Op) -> Outcome:
+        """Forget the request and drop its references; with ``keep`` its cached blocks stay cached."""
         assert op.req is not None
         self._drop_references(self.requests.pop(op.req), op.keep)
         return Outcome.ok()
