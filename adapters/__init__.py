@@ -6,9 +6,10 @@ points of the ``kvspec.adapters`` group.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
+
+from kvspec.dotted import DottedPathError, import_object
 
 from .base import Adapter, Capabilities
 
@@ -42,20 +43,13 @@ def available() -> dict[str, str]:
 
 
 def _import(path: str) -> AdapterFactory:
-    module_name, _, attr = path.partition(":")
-    if not attr:
-        raise AdapterLoadError(f"{path!r} is not of the form 'package.module:Factory'")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise AdapterLoadError(f"cannot import {module_name!r}: {exc}") from exc
-    try:
-        factory = getattr(module, attr)
-    except AttributeError as exc:
-        raise AdapterLoadError(f"{module_name!r} has no attribute {attr!r}") from exc
+        factory = import_object(path, "package.module:Factory")
+    except DottedPathError as exc:
+        raise AdapterLoadError(str(exc)) from exc
     if not callable(factory):
         raise AdapterLoadError(f"{path!r} is not callable")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def load(name_or_path: str) -> AdapterFactory:

@@ -5,10 +5,10 @@ implementation.
 """
 
 from .invariants import INVARIANT_NAMES, INVARIANTS, Invariant, KeyMemory, Transition, check_transition
-from .model import LedgerModel, Step, retention_score, validate
+from .ledger import BlockLedger, EntryLedger, LedgerModel, RecordLedger, Step, validate
 from .observation import ObjectView, Observation, RequestView
 from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
-from .policies import BLOCK_ORDERS, BlockFeatures, OrderParams, order_key, retain_score
+from .policies import BLOCK_ORDERS, BlockFeatures, OrderParams, order_key, retain_score, retention_score
 
 __all__ = [
     "BLOCK_ORDERS",
@@ -16,6 +16,8 @@ __all__ = [
     "INVARIANT_NAMES",
     "Config",
     "BlockFeatures",
+    "BlockLedger",
+    "EntryLedger",
     "Event",
     "Invariant",
     "KeyMemory",
@@ -25,6 +27,7 @@ __all__ = [
     "Op",
     "OrderParams",
     "Outcome",
+    "RecordLedger",
     "RequestView",
     "Semantics",
     "SpecError",

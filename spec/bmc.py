@@ -16,8 +16,8 @@ whatever, k - 1 steps on which P held are followed by a step on which it holds
 inductive alone; each is 1-inductive relative to the auxiliary invariants of
 spec.symbolic_invariants, which are first proved jointly 1-inductive.
 
-``inductive_lemmas`` finds, for any variant of the encoding (seeded bugs
-included), the largest subset of the auxiliary conjuncts that is inductive for
+``inductive_lemmas`` finds, for the spec's encoding or any variant of it,
+the largest subset of the auxiliary conjuncts that is inductive for
 that variant (Houdini); BMC may assume them on every state without excluding a
 single reachable one, which lets it go deeper.
 """
@@ -204,7 +204,7 @@ class BmcResult:
     seconds: float
     counterexample: Counterexample | None = None
     complete: bool = True
-    bug: str | None = None
+    variant: str | None = None  # the checked variant's name; None: the spec's own encoding
     lemmas: Lemmas | None = None
     per_depth: list[float] = field(default_factory=list)
 
@@ -217,13 +217,15 @@ def bmc(
     bounds: Bounds,
     depth: int,
     *,
-    bug: str | None = None,
+    variant: type[Encoding] | None = None,
     invariants: Sequence[str] | None = None,
     time_limit: float | None = None,
     lemmas: bool = False,
     progress: Callable[[int, float], None] | None = None,
 ) -> BmcResult:
     """Check ``invariants`` (default: every safety invariant) on all op sequences of up to ``depth`` ops.
+
+    ``variant``: a subclass of Encoding to check instead of the spec's own.
 
     Each depth k is one bit-blasted query: the path of k steps, the invariants
     already proved for the shorter depths assumed on its first k - 1 steps (they
@@ -233,10 +235,10 @@ def bmc(
     reachable state).
     """
     names = _names(invariants)
-    enc = Encoding(bounds, bug)
+    enc = (variant or Encoding)(bounds)
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
-    result = BmcResult(bounds, depth, 0, 0.0, complete=False, bug=bug)
+    result = BmcResult(bounds, depth, 0, 0.0, complete=False, variant=enc.name)
     path = Path(enc)
     held: list[Term] = []
     if lemmas:
@@ -301,10 +303,12 @@ class AuxiliaryProof:
         return self.holds_initially and self.inductive
 
 
-def prove_auxiliary(bounds: Bounds, deadline: float | None = None, *, bug: str | None = None) -> AuxiliaryProof:
+def prove_auxiliary(
+    bounds: Bounds, deadline: float | None = None, *, variant: type[Encoding] | None = None
+) -> AuxiliaryProof:
     """Aux(init), and Aux(s) and T(s, op, s') imply Aux(s'), for the whole AUXILIARY set at once."""
     t0 = time.monotonic()
-    enc = Encoding(bounds, bug)
+    enc = (variant or Encoding)(bounds)
     holds_initially = z3.is_true(z3.simplify(auxiliary(enc, enc.initial())))
     answer, model, tr = _one_step(enc, lambda s: auxiliary(enc, s), lambda tr: auxiliary(enc, tr.after), deadline)
     failing: list[str] = []
@@ -319,7 +323,8 @@ def base_case(
     enc: Encoding, names: Sequence[str], steps: int, deadline: float | None
 ) -> tuple[str, Counterexample | None]:
     """Do ``names`` hold on every path of up to ``steps`` steps from the empty pool? ("unsat": yes)."""
-    result = bmc(enc.bounds, steps, bug=enc.bug, invariants=names, time_limit=_remaining_ms(deadline) / 1000 or None)
+    time_limit = _remaining_ms(deadline) / 1000 or None
+    result = bmc(enc.bounds, steps, variant=type(enc), invariants=names, time_limit=time_limit)
     if result.counterexample is not None:
         return "sat", result.counterexample
     return ("unsat" if result.complete else "unknown"), None
@@ -347,7 +352,7 @@ def prove(
     *,
     max_k: int = 2,
     time_limit: float | None = None,
-    bug: str | None = None,
+    variant: type[Encoding] | None = None,
     progress: Callable[[Proof], None] | None = None,
 ) -> tuple[AuxiliaryProof, list[Proof]]:
     """k-induction for each invariant: alone for k = 1..max_k, else 1-induction strengthened by the auxiliary set.
@@ -359,8 +364,8 @@ def prove(
     """
     names = _names(invariants)
     deadline = None if time_limit is None else time.monotonic() + time_limit
-    aux = prove_auxiliary(bounds, deadline, bug=bug)
-    enc = Encoding(bounds, bug)
+    aux = prove_auxiliary(bounds, deadline, variant=variant)
+    enc = (variant or Encoding)(bounds)
     proofs = []
     for name in names:
         t0 = time.monotonic()

@@ -107,11 +107,13 @@ class Refinement:
     answer: str
 
 
-def check_refinement(bounds: Bounds, time_limit: float | None = None, *, bug: str | None = None) -> Refinement:
+def check_refinement(
+    bounds: Bounds, time_limit: float | None = None, *, variant: type[Encoding] | None = None
+) -> Refinement:
     """Aux(s) and T(s, op, s') imply that counts(s') is an abstract successor of counts(s)."""
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
-    enc = Encoding(bounds, bug)
+    enc = (variant or Encoding)(bounds)
     solver = _solver(enc, incremental=False)
     path = Path(enc, solver, enc.state("ref0"), tag="ref_")
     solver.add(auxiliary(enc, path.states[0]))

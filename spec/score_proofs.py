@@ -1,7 +1,7 @@
 """Proofs, for all real inputs, of the properties a retention score must have.
 
 The scheduler's eviction order is only sensible if its retention score is
-monotone in the right directions (spec.model.retention_score's docstring):
+monotone in the right directions (spec.policies.retention_score's docstring):
 
 - more_hits_never_lower: more hits never lower the score;
 - more_recent_never_lower: a more recent access (a smaller age) never lowers it;
@@ -42,7 +42,7 @@ def _max(a: Term, b: Term) -> Term:
 
 
 def spec_score(hits: Term, size: Term, age: Term, capacity: Term) -> Term:
-    """spec.model.retention_score: hits + 0.5 / (1 + max(age, 0)) - 0.25 * size / max(capacity, 1)."""
+    """spec.policies.retention_score: hits + 0.5 / (1 + max(age, 0)) - 0.25 * size / max(capacity, 1)."""
     recency = z3.RealVal(1) / (1 + _max(age, z3.RealVal(0)))
     return hits + z3.RealVal("1/2") * recency - z3.RealVal("1/4") * (size / _max(capacity, z3.RealVal(1)))
 

@@ -1,6 +1,6 @@
 """The block-granularity spec in Z3: a bounded pool's state and its transition relation.
 
-This is ``LedgerModel.step`` for ``Semantics(granularity="block", eviction="lru",
+This is ``BlockLedger.step`` for ``Semantics(granularity="block", eviction="lru",
 hit_cap=True, reset_requires_idle=True)`` written as a Z3 function from a
 symbolic state and a symbolic operation to the successor state, the outcome and
 the events. The pool is bounded (``Bounds``): N blocks, R requests named
@@ -14,7 +14,7 @@ the spec is encoded, faithfully:
   popped whether it is cached or not (lazy eviction);
 - the prefix index: one entry per slot (``klen``/``kbits``: the key's length in
   blocks and its tokens), and ``hashed``: whether the slot itself carries that
-  key. In the spec the two always agree; a seeded bug can make them differ;
+  key. In the spec the two always agree; a variant can make them differ;
 - the admission chain over the index, the hit cap (one prompt token is always
   computed), the all-or-nothing capacity check that counts cached-free hit
   blocks as leaving the queue, and duplicate-key handling (a new full block whose
@@ -27,20 +27,23 @@ token) and compared whole. What is not encoded: the clock, ``last_used`` and
 outside the bounds (empty prompts, negative token ids, prompts larger than the
 pool; those are bad input the Python spec rejects before any state is read).
 
-The seeded bugs of the stateful suite (tests/seeded_bugs.py) are expressed on
-the spec as ``BUGS``: an ``Encoding`` built with ``bug=NAME`` is the spec with
-that one mistake, so bounded model checking can show that it bites.
+``Encoding`` is the spec's own allocator. Its decision points are small
+methods (``blocks_for``, ``accepts``, ``shared_prefix``, ``queue_after_admission``,
+``refused_admission``, ``unindex_popped``, ``ref_counts_at_free``,
+``drops_reference``, ``joins_free_queue``): a subclass that overrides one is a
+variant of the allocator (a model of an implementation's change), and bounded
+model checking shows which invariant it breaks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import z3
 
-from .model import LedgerModel
+from .ledger import BlockLedger, LedgerModel
 from .observation import ObjectView, Observation, RequestState, RequestView
 from .ops import Config, Event, Op, Outcome, Semantics
 
@@ -128,43 +131,6 @@ class Bounds:
 
 
 @dataclass(frozen=True)
-class SpecBug:
-    """A seeded mistake, expressed on the spec; ``invariant`` is the one that must report it."""
-
-    name: str
-    invariant: str
-    description: str
-
-
-BUGS: dict[str, SpecBug] = {
-    b.name: b
-    for b in (
-        SpecBug(
-            "forget-decrement",
-            "ref_count_matches_references",
-            "release skips the decrement of a block another request still shares",
-        ),
-        SpecBug("double-decrement", "non_negative_ref_counts", "release decrements the first block twice"),
-        SpecBug(
-            "evict-referenced",
-            "no_active_eviction",
-            "a prefix hit on a cached-free block takes a reference but leaves it in the free queue",
-        ),
-        SpecBug("leak-on-refusal", "atomic_failure", "a refused admission keeps the references it took on its prefix"),
-        SpecBug("floor-rounding", "tail_rounding", "blocks per request rounded down: the partial tail gets no block"),
-        SpecBug("share-copies", "share_without_duplication", "a cached prefix is copied into fresh blocks"),
-        SpecBug(
-            "reuse-keeps-index",
-            "cache_index_consistency",
-            "a cached-free block popped for reuse loses its key but stays in the index",
-        ),
-        SpecBug("lost-on-reclaim", "capacity_conservation", "a reclaimed block is never returned to the free queue"),
-        SpecBug("silent-double-release", "bad_input_rejected", "releasing an unknown request is silently accepted"),
-    )
-}
-
-
-@dataclass(frozen=True)
 class SymState:
     """One state of the bounded pool.
 
@@ -249,12 +215,21 @@ def _if(cond: Term, a: Term, b: Term) -> Term:
 
 
 class Encoding:
-    """The transition relation of one bounded pool, optionally with one seeded bug."""
+    """The transition relation of one bounded pool: the spec's own allocator.
 
-    def __init__(self, bounds: Bounds, bug: str | None = None) -> None:
-        if bug is not None and bug not in BUGS:
-            raise ValueError(f"unknown seeded bug {bug!r}; known: {', '.join(BUGS)}")
-        self.bounds, self.bug = bounds, bug
+    A subclass is a variant of it: it overrides one or more of the decision
+    points (the methods documented as such), and keeps everything else.
+    """
+
+    name: ClassVar[str | None] = None
+    """What reports call this encoding: None for the spec's own; a variant's class name unless it sets one."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.__dict__.get("name") or cls.__name__
+
+    def __init__(self, bounds: Bounds) -> None:
+        self.bounds = bounds
         self._bv = bounds.arith == "bv"
 
     # -- numbers and token strings -------------------------------------------------------
@@ -317,13 +292,6 @@ class Encoding:
         """ceil(n / B) for 0 <= n: blocks that hold ``n`` tokens."""
         bs = self.bounds.block_size
         return self.count([n > self.num((i - 1) * bs) for i in self._steps()])
-
-    def blocks_for(self, n: Term) -> Term:
-        """ceil(n / B); with the floor-rounding bug max(1, n // B)."""
-        if self.bug == "floor-rounding":
-            floor = self.floor_div(n)
-            return z3.If(floor > self.num(1), floor, self.num(1))
-        return self.ceil_div(n)
 
     def tokens_in_block(self, total: Term, index: Term) -> Term:
         """min(B, total - index * B): tokens that block ``index`` of a request of ``total`` tokens holds."""
@@ -404,12 +372,12 @@ class Encoding:
         )
 
     # -- the step function ---------------------------------------------------------------------
-    def valid(self, s: SymState, op: SymOp, *, spec: bool = False) -> Term:
-        """The spec's validate(): False exactly for bad input. ``spec``: ignore the seeded bug."""
+    def valid(self, s: SymState, op: SymOp) -> Term:
+        """The spec's validate(): False exactly for bad input (whatever a variant accepts)."""
         r = self._of_req(s, op)
         st, tlen = r["st"], r["tlen"]
         cap = self.num(self.bounds.blocks)
-        release_ok = z3.BoolVal(True) if self.bug == "silent-double-release" and not spec else st != self.num(ABSENT)
+        release_ok = st != self.num(ABSENT)
         k = op.kind
         return z3.If(
             k == self.num(ADMIT),
@@ -448,11 +416,11 @@ class Encoding:
         }
 
     def step(self, s: SymState, op: SymOp) -> SymStep:
-        """``LedgerModel.step`` (block granularity) on a symbolic state."""
+        """``BlockLedger.step`` on a symbolic state."""
         N = self.bounds.blocks
         k = op.kind
         r = self._of_req(s, op)
-        valid = self.valid(s, op)
+        valid = self.accepts(s, op)
         is_admission = z3.Or(k == self.num(ADMIT), k == self.num(RESUME))
         adm = self._admission(
             s,
@@ -511,13 +479,69 @@ class Encoding:
         )
         return out
 
-    def _popped_key(self, s: SymState, popped: Sequence[Term]) -> tuple[list[Term], list[Term]]:
-        """Index entries after popping: a popped slot's entry goes (the reuse-keeps-index bug keeps it)."""
-        if self.bug == "reuse-keeps-index":
-            return list(s.klen), list(s.kbits)
+    # -- decision points: a variant of the allocator overrides these ------------------------------
+    def blocks_for(self, n: Term) -> Term:
+        """Decision point: the blocks a request of ``n`` tokens holds, ceil(n / B) (a partial tail takes one)."""
+        return self.ceil_div(n)
+
+    def accepts(self, s: SymState, op: SymOp) -> Term:
+        """Decision point: the ops the allocator takes as valid input, exactly ``valid``; the rest change nothing."""
+        return self.valid(s, op)
+
+    def shared_prefix(self, chain: Term) -> Term:
+        """Decision point: how many blocks of the cached ``chain`` an admission shares by reference: all of them.
+
+        The hit cap applies after; a cached block that is not shared would be copied into a fresh one.
+        """
+        return chain
+
+    def queue_after_admission(
+        self, s: SymState, pos: list[Term], hits: Sequence[Term], queued: Sequence[Term], need: Term
+    ) -> list[Term]:
+        """Decision point: the free queue after an admission, ``pos``, which the blocks it hit have left.
+
+        ``hits``: the slots it hit; ``queued``: the slots queued before it; ``need``:
+        the blocks it popped from the head. A referenced block is never in the free
+        queue, so never evicted.
+        """
+        return pos
+
+    def refused_admission(self, s: SymState, hits: Sequence[Term], pos: Sequence[Term]) -> SymState:
+        """Decision point: the state a refused admission leaves: ``s`` itself, all or nothing.
+
+        ``hits``: the slots it would have hit; ``pos``: the free queue without them.
+        """
+        return s
+
+    def unindex_popped(self, s: SymState, popped: Sequence[Term]) -> tuple[list[Term], list[Term]]:
+        """Decision point: the index after the slots ``popped`` left the free queue for reuse.
+
+        A popped slot's entry goes, so the index never names a block that holds other tokens.
+        """
         klen = [_if(p, self.num(0), v) for p, v in zip(popped, s.klen, strict=True)]
         kbits = [_if(p, self.bits(0), v) for p, v in zip(popped, s.kbits, strict=True)]
         return klen, kbits
+
+    def ref_counts_at_free(self, s: SymState, nb: Term, row: Sequence[Term]) -> list[Term]:
+        """Decision point: the ref counts a release or preemption starts from: the slots' own.
+
+        ``nb`` and ``row``: the freed request's block-table length and table.
+        """
+        return list(s.ref)
+
+    def drops_reference(self, entry: Term, ref: Term) -> Term:
+        """Decision point: whether a block-table ``entry`` of the freed request drops its reference: always.
+
+        ``ref``: the slot's ref count when the free began. Keeps each ref count equal to the table entries naming it.
+        """
+        return entry
+
+    def joins_free_queue(self, freed: Term, reclaimed: Term) -> Term:
+        """Decision point: whether a ``freed`` block (ref_count 0, not queued) joins the free queue's tail: always.
+
+        Whether its key was ``reclaimed`` by this free or not: every unreferenced block stays allocatable.
+        """
+        return freed
 
     def _new_keys(
         self,
@@ -541,7 +565,7 @@ class Encoding:
         return klen, kbits, assigned
 
     def _admission(self, s: SymState, op: SymOp, tl: Term, tb: Term) -> SymStep:
-        """``_block_admission``: hit the cached chain (capped), pop the rest from the queue head."""
+        """``BlockLedger._admission``: hit the cached chain (capped), pop the rest from the queue head."""
         N, B = self.bounds.blocks, self.bounds.block_size
         n_ = range(N)
         full = self.floor_div(tl)
@@ -551,8 +575,7 @@ class Encoding:
         for i in n_:
             run = z3.And(run, self.num(i) < full, z3.Or(*match[i]))
             hb = hb + z3.If(run, self.num(1), self.num(0))
-        if self.bug == "share-copies":
-            hb = self.num(0)
+        hb = self.shared_prefix(hb)
         cap = self.floor_div(tl - self.num(1))
         hb = z3.If(hb < cap, hb, cap)
         need = self.blocks_for(tl) - hb
@@ -570,18 +593,9 @@ class Encoding:
             for t in n_
         ]
         popped = [z3.And(pos1[t] >= self.num(0), pos1[t] < need) for t in n_]
-        pos2 = [z3.If(pos1[t] >= need, pos1[t] - need, self.num(-1)) for t in n_]
-        if self.bug == "evict-referenced":  # hit blocks that were queued go back to the queue's tail
-            rest = qlen - leaving - need
-            pos2 = [
-                z3.If(
-                    z3.And(ishit[t], inq[t]),
-                    rest + self.count([z3.And(ishit[x], inq[x], s.klen[x] < s.klen[t]) for x in n_]),
-                    pos2[t],
-                )
-                for t in n_
-            ]
-        klen1, kbits1 = self._popped_key(s, popped)
+        remaining = [z3.If(pos1[t] >= need, pos1[t] - need, self.num(-1)) for t in n_]
+        pos2 = self.queue_after_admission(s, remaining, ishit, inq, need)
+        klen1, kbits1 = self.unindex_popped(s, popped)
         at = [[z3.And(popped[t], pos1[t] == self.num(i) - hb) for t in n_] for i in n_]
         wanted = [z3.And(self.num(i) >= hb, self.num(i) < full) for i in n_]
         klen, kbits, assigned = self._new_keys(klen1, kbits1, pref, at, wanted)
@@ -612,22 +626,7 @@ class Encoding:
             pos=tuple(pos2),
             **self._with_request(s, op, st=self.num(RUNNING), tlen=tl, tbits=tb, nb=nbn, tab=tab),
         )
-        refused_state = s
-        if self.bug == "leak-on-refusal":
-            refused_state = SymState(
-                ref=tuple(s.ref[t] + z3.If(ishit[t], one, zero) for t in n_),
-                klen=s.klen,
-                kbits=s.kbits,
-                hashed=s.hashed,
-                fill=s.fill,
-                hits=s.hits,
-                pos=tuple(z3.If(ishit[t], self.num(-1), pos1[t]) for t in n_),
-                st=s.st,
-                tlen=s.tlen,
-                tbits=s.tbits,
-                nb=s.nb,
-                tab=s.tab,
-            )
+        refused_state = self.refused_admission(s, ishit, pos1)
         return SymStep(
             z3.If(fits, self.num(OK), self.num(REFUSED)),
             hb,
@@ -637,7 +636,7 @@ class Encoding:
         )
 
     def _append(self, s: SymState, op: SymOp, r: Mapping[str, Any]) -> SymStep:
-        """``_block_append``: pop the blocks past the tail; key the blocks that became full."""
+        """``BlockLedger._append``: pop the blocks past the tail; key the blocks that became full."""
         N, B = self.bounds.blocks, self.bounds.block_size
         n_ = range(N)
         tlen, nb, row = r["tlen"], r["nb"], r["tab"]
@@ -649,7 +648,7 @@ class Encoding:
         fits = need <= self.count(inq)
         popped = [z3.And(inq[t], s.pos[t] < need) for t in n_]
         pos = tuple(z3.If(z3.And(inq[t], s.pos[t] >= need), s.pos[t] - need, self.num(-1)) for t in n_)
-        klen1, kbits1 = self._popped_key(s, popped)
+        klen1, kbits1 = self.unindex_popped(s, popped)
         nbn = nb + need
         pref = [bits & self.mask((i + 1) * B) for i in n_]
         at = [
@@ -698,25 +697,22 @@ class Encoding:
         )
 
     def _free(self, s: SymState, op: SymOp, r: Mapping[str, Any], *, keep: Term, release: Term) -> SymStep:
-        """``_block_free``: drop the references tail block first; a block at zero joins the queue's tail."""
+        """``BlockLedger._drop_references``: tail block first; a block at ref_count 0 joins the queue's tail."""
         N = self.bounds.blocks
         n_ = range(N)
         nb, row = r["nb"], r["tab"]
         one, zero = self.num(1), self.num(0)
-        ref, klen, kbits = list(s.ref), list(s.klen), list(s.kbits)
+        klen, kbits = list(s.klen), list(s.kbits)
         hashed, fill, hits, pos = list(s.hashed), list(s.fill), list(s.hits), list(s.pos)
         qlen = self.count([p >= zero for p in s.pos])
         reclaimed = [z3.BoolVal(False)] * N
-        if self.bug == "double-decrement":
-            ref = [z3.If(z3.And(nb > zero, row[0] == self.num(t)), ref[t] - one, ref[t]) for t in n_]
-        shared = [v > one for v in ref] if self.bug == "forget-decrement" else None
+        start = self.ref_counts_at_free(s, nb, row)
+        ref = list(start)
         for j in range(N - 1, -1, -1):
             held = self.num(j) < nb
             enqueued = []
             for t in n_:
-                drop = z3.And(held, row[j] == self.num(t))
-                if shared is not None:
-                    drop = z3.And(drop, z3.Not(shared[t]))
+                drop = self.drops_reference(z3.And(held, row[j] == self.num(t)), start[t])
                 zeroed = z3.And(drop, ref[t] - one == zero)
                 reclaim = z3.And(zeroed, hashed[t], z3.Not(keep))
                 ref[t] = z3.If(drop, ref[t] - one, ref[t])
@@ -727,9 +723,7 @@ class Encoding:
                 wipe = z3.And(zeroed, z3.Not(hashed[t]))
                 fill[t] = z3.If(wipe, zero, fill[t])
                 hits[t] = z3.If(wipe, zero, hits[t])
-                enqueue = z3.And(zeroed, pos[t] < zero)
-                if self.bug == "lost-on-reclaim":
-                    enqueue = z3.And(enqueue, z3.Not(reclaim))
+                enqueue = self.joins_free_queue(z3.And(zeroed, pos[t] < zero), reclaim)
                 pos[t] = z3.If(enqueue, qlen, pos[t])
                 enqueued.append(enqueue)
             qlen = qlen + self.count(enqueued)
@@ -755,7 +749,7 @@ class Encoding:
         return SymStep(self.num(OK), zero, (z3.BoolVal(False),) * N, tuple(reclaimed), after)
 
     def _reset(self, s: SymState) -> SymStep:
-        """``_block_reset_cache``: refused while any block is referenced; else reclaim every cached block."""
+        """``BlockLedger._reset_cache``: refused while any block is referenced; else reclaim every cached block."""
         N = self.bounds.blocks
         zero = self.num(0)
         idle = z3.And(*[v == zero for v in s.ref])
@@ -884,7 +878,7 @@ class Encoding:
     def encode_model(self, model: LedgerModel) -> SymState:
         """The Python spec's state as constant terms (it must be within the bounds)."""
         b = self.bounds
-        if model.config != b.config or model.semantics.granularity != "block":
+        if model.config != b.config or not isinstance(model, BlockLedger):
             raise ValueError("the model's pool is not this encoding's")
         bs = b.block_size
         indexed = {sid: key for key, sid in model.index.items()}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import z3
 from seeded_bugs import PAGED_BUGS
+from symbolic_bugs import VARIANTS, BuggyEncoding, EvictReferenced, FloorRounding, LostOnReclaim
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli.formal import register
@@ -22,7 +23,7 @@ from kvspec.spec import LedgerModel
 from kvspec.spec.bmc import bmc, inductive_lemmas, prove
 from kvspec.spec.goals import GOALS, reach
 from kvspec.spec.parametric import check_refinement, prove_every_n
-from kvspec.spec.symbolic import BUGS, SEMANTICS, Bounds, Encoding, SymTransition
+from kvspec.spec.symbolic import SEMANTICS, Bounds, Encoding, SymTransition
 from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
 from kvspec.stateful_tests.bounded import DEFAULT_BOUNDS, DEFAULT_DEPTH, coverage_cases, generate, load
 
@@ -34,17 +35,19 @@ def test_bmc_holds_on_the_spec() -> None:
     assert result.holds and result.complete and result.depth == 3
 
 
-@pytest.mark.parametrize("bug", list(BUGS))
-def test_each_seeded_spec_bug_yields_a_counterexample_that_bites_the_implementation(bug: str) -> None:
-    expected = BUGS[bug].invariant
-    result = bmc(SMALL, 6, bug=bug, time_limit=120)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_each_seeded_spec_bug_yields_a_counterexample_that_bites_the_implementation(
+    variant: type[BuggyEncoding],
+) -> None:
+    bug, expected = variant.name, variant.invariant
+    result = bmc(SMALL, 6, variant=variant, time_limit=120)
     cex = result.counterexample
     assert cex is not None, f"BMC found no counterexample for {bug} up to depth {result.depth}"
     assert expected in cex.invariants
     assert len(cex.ops) == result.depth <= 6
     # Shortest: one op fewer holds.
     if len(cex.ops) > 1:
-        shorter = bmc(SMALL, len(cex.ops) - 1, bug=bug, invariants=cex.invariants)
+        shorter = bmc(SMALL, len(cex.ops) - 1, variant=variant, invariants=cex.invariants)
         assert shorter.holds and shorter.complete
     # The case replays: the buggy reference implementation breaks the same invariant, the correct one holds.
     seeded = next(b for b in PAGED_BUGS if b.name == bug)
@@ -68,7 +71,7 @@ def test_every_invariant_is_proved_by_induction() -> None:
 
 
 def test_induction_refutes_a_seeded_bug() -> None:
-    aux, proofs = prove(SMALL, ["tail_rounding"], bug="floor-rounding")
+    aux, proofs = prove(SMALL, ["tail_rounding"], variant=FloorRounding)
     assert not aux.proved
     [proof] = proofs
     assert not proof.proved and proof.counterexample is not None
@@ -78,16 +81,16 @@ def test_induction_refutes_a_seeded_bug() -> None:
 def test_houdini_keeps_every_lemma_of_the_spec_and_drops_the_ones_a_bug_breaks() -> None:
     spec = inductive_lemmas(Encoding(SMALL))
     assert spec.dropped == 0 and spec.conjuncts
-    buggy = inductive_lemmas(Encoding(SMALL, "evict-referenced"))
+    buggy = inductive_lemmas(EvictReferenced(SMALL))
     assert buggy.dropped > 0
-    result = bmc(SMALL, 4, bug="evict-referenced", lemmas=True)
+    result = bmc(SMALL, 4, variant=EvictReferenced, lemmas=True)
     assert result.counterexample is not None and "no_active_eviction" in result.counterexample.invariants
 
 
 def test_capacity_is_conserved_for_every_pool_size() -> None:
     assert prove_every_n().proved
     assert check_refinement(SMALL).holds
-    assert not check_refinement(SMALL, bug="lost-on-reclaim").holds
+    assert not check_refinement(SMALL, variant=LostOnReclaim).holds
 
 
 # -- coverage goals -----------------------------------------------------------------------------------
@@ -166,12 +169,14 @@ def _kvspec(*argv: str) -> int:
 def test_cli_bmc_exit_codes_and_replayable_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _kvspec("bmc", "--blocks", "3", "--depth", "2", "--quiet") == 0
     assert "holds up to 2" in capsys.readouterr().out
-    code = _kvspec("bmc", "--blocks", "3", "--depth", "4", "--bug", "share-copies", "--cases-dir", str(tmp_path))
+    code = _kvspec(
+        "bmc", "--blocks", "3", "--depth", "4", "--variant", "symbolic_bugs:ShareCopies", "--cases-dir", str(tmp_path)
+    )
     out = capsys.readouterr().out
     assert code == 1 and "share_without_duplication" in out
     [path] = tmp_path.glob("*.json")
     case = Case.load(path)
     assert case.expected["invariant"] == "share_without_duplication" and case.config.capacity == 3
     assert replay_ops(ReferencePagedAdapter(), case.config, case.ops) is None
-    assert _kvspec("bmc", "--blocks", "3", "--bug", "no-such-bug") == 2
+    assert _kvspec("bmc", "--blocks", "3", "--variant", "no_such_module:X") == 2
     assert _kvspec("bmc", "--blocks", "6", "--requests", "3", "--depth", "30", "--time-limit", "1", "--quiet") == 2

@@ -16,7 +16,7 @@ Metrics, per (workload, policy, pool size):
   (``forced_releases``); refused with nothing left to release, it is counted
   and its request skipped (``refused_ops``, ``skipped_ops``).
 
-Contents are what KeyMemory in spec/invariants.py calls them: the i-th block of
+Contents are what KeyMemory in spec/invariants/key_memory.py calls them: the i-th block of
 a request holds its first (i+1)*block_size tokens, so an implementation's opaque
 key is mapped to content by the request table it first appears in.
 """

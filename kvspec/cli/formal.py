@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvspec.report import ExitCode
 
 from .common import fail
+
+if TYPE_CHECKING:
+    from kvspec.spec.symbolic import Encoding
 
 
 def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:
@@ -30,8 +33,13 @@ def register(subparsers: Any) -> None:
     bmc.add_argument("--depth", type=int, default=4, help="check every op sequence of up to K ops (default 4)")
     bmc.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
     bmc.add_argument("--invariant", action="append", default=None, help="check only this invariant (repeatable)")
-    bmc.add_argument("--bug", default=None, help="check a seeded buggy variant of the spec (see --list-bugs)")
-    bmc.add_argument("--list-bugs", action="store_true", help="list the seeded spec bugs and exit")
+    bmc.add_argument(
+        "--variant",
+        default=None,
+        metavar="MODULE:CLASS",
+        help="check a variant of the spec's encoding: a subclass of kvspec.spec.symbolic.Encoding, "
+        "e.g. a model of your allocator's change",
+    )
     bmc.add_argument("--lemmas", action="store_true", help="assume the auxiliary invariants proved inductive")
     bmc.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     bmc.add_argument("--quiet", action="store_true", help="no per-depth progress lines")
@@ -65,25 +73,36 @@ def _bounds(args: argparse.Namespace) -> Any:
     return Bounds(args.blocks, args.requests, args.block_size, args.alphabet, args.max_append)
 
 
+def _variant(path: str) -> type[Encoding]:
+    """The subclass of the spec's Encoding that ``path`` ('module:Class') names; ValueError, in one line, if none."""
+    from kvspec.dotted import DottedPathError, import_object
+    from kvspec.spec.symbolic import Encoding
+
+    try:
+        variant = import_object(path, "module:Class")
+    except DottedPathError as exc:
+        raise ValueError(str(exc)) from exc
+    if not (isinstance(variant, type) and issubclass(variant, Encoding)):
+        raise ValueError(f"{path!r} is not a subclass of kvspec.spec.symbolic.Encoding")
+    return variant
+
+
 def cmd_bmc(args: argparse.Namespace) -> int:
     from kvspec.case import Case
     from kvspec.spec.bmc import bmc
-    from kvspec.spec.symbolic import BUGS
     from kvspec.spec.symbolic_invariants import SAFETY
 
-    if args.list_bugs:
-        for bug in BUGS.values():
-            print(f"{bug.name:<24} {bug.invariant:<30} {bug.description}")
-        return ExitCode.HELD
     try:
         bounds = _bounds(args)
+        variant = _variant(args.variant) if args.variant else None
         progress = None if args.quiet else (lambda k, t: print(f"  depth {k}: held ({t:.1f} s)", flush=True))
         what = f"N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}, A={bounds.alphabet}"
-        print(f"bounded model checking {'bug ' + args.bug if args.bug else 'the spec'}: {what}, depth {args.depth}")
+        checked = f"variant {args.variant}" if args.variant else "the spec"
+        print(f"bounded model checking {checked}: {what}, depth {args.depth}")
         result = bmc(
             bounds,
             args.depth,
-            bug=args.bug,
+            variant=variant,
             invariants=args.invariant,
             time_limit=args.time_limit,
             lemmas=args.lemmas,
@@ -112,7 +131,7 @@ def cmd_bmc(args: argparse.Namespace) -> int:
         "violated": cex.invariants,
         "step": cex.step,
         "source": "bmc",
-        "bug": args.bug,
+        "variant": args.variant,
         "bounds": bounds.to_json(),
     }
     path = Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)

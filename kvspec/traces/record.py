@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.adapters.base import Adapter
-from kvspec.spec import Config, Event, LedgerModel, Observation, Op, Outcome, SpecError, size_of
+from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, SpecError, size_of
 from kvspec.spec.ops import OpKind
 
 from .kvspec_format import header_json, step_json
@@ -160,7 +160,7 @@ class SideTableDeriver:
         if sem.granularity != "block":
             raise ValueError(f"a side table needs a block-granularity adapter; {adapter.name} is {sem.granularity}")
         self.config, self.semantics, self.name = config, sem, adapter.name
-        self.model = LedgerModel(config, sem) if sem.exact and sem.eviction == "lru" else None
+        self.model = BlockLedger(config, sem) if sem.exact and sem.eviction == "lru" else None
         self.key_of: dict[tuple[int, ...], Hashable] = {}
         self.seq = 0
 

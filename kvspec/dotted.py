@@ -1,0 +1,27 @@
+"""Objects named by a 'package.module:Name' path: how the kit finds what a user names (an adapter, an encoding)."""
+
+from __future__ import annotations
+
+import importlib
+
+
+class DottedPathError(Exception):
+    """The path names no importable object; the message says why, in one line."""
+
+
+def import_object(path: str, form: str = "package.module:Name") -> object:
+    """The object ``path`` names: ``package.module`` imported, its attribute ``Name`` read.
+
+    ``form`` is how the error message spells the expected shape of ``path``.
+    """
+    module_name, _, attr = path.partition(":")
+    if not attr:
+        raise DottedPathError(f"{path!r} is not of the form {form!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DottedPathError(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise DottedPathError(f"{module_name!r} has no attribute {attr!r}") from exc

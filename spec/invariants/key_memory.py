@@ -1,0 +1,72 @@
+"""What the checker learns across transitions: the content behind each opaque key, and the free order."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..ledger import Content
+from ..ops import Semantics
+from .quality import PolicyQuality
+
+if TYPE_CHECKING:
+    from .transition import Transition
+
+
+@dataclass
+class KeyMemory:
+    """What each cache key was seen to stand for, learned from the request tables.
+
+    Implementations' keys are opaque (a block hash); the spec keys by content. At
+    block granularity the content of the key of the i-th block of a request is the
+    request's first (i+1)*block_size tokens; at record and entry granularity the
+    key is the prompt itself.
+    """
+
+    content: dict[Hashable, Content] = field(default_factory=dict)
+    key_of: dict[Content, Hashable] = field(default_factory=dict)
+    # Block granularity, learned across transitions by ``track`` (the policy checks read them):
+    # the LRU order in which cached blocks reached ref_count 0 (oid -> sequence number, tail block first),
+    free_order: dict[Hashable, int] = field(default_factory=dict)
+    free_seq: int = 0
+    # and each block's peak ref_count since it last left the free pool (its share degree).
+    share_peak: dict[Hashable, int] = field(default_factory=dict)
+    quality: PolicyQuality = field(default_factory=PolicyQuality)
+
+    def content_of(self, key: Hashable, semantics: Semantics) -> Content | None:
+        """The tokens ``key`` stands for: the key itself above block granularity; None while not seen yet."""
+        if semantics.granularity != "block":
+            return key if isinstance(key, tuple) else None
+        return self.content.get(key)
+
+    def track(self, t: Transition) -> None:
+        """Learn from a checked transition what the policy checks need next: LRU order, share degrees, quality.
+
+        Keeps: ``free_order`` holds exactly the cached blocks with ref_count 0 whose
+        release was seen, numbered in the order they were released (a request's
+        tail block first); ``share_peak`` holds every object of ``t.after``.
+        """
+        if t.semantics.granularity != "block":
+            return
+        self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before the step
+        before, after = t.before, t.after
+        left = {e.oid for e in t.events}
+        for oid, obj in after.objects.items():
+            fresh = oid in left or oid not in before.objects
+            self.share_peak[oid] = obj.ref_count if fresh else max(self.share_peak.get(oid, 0), obj.ref_count)
+        for oid in set(self.share_peak) - set(after.objects):
+            del self.share_peak[oid]
+        for oid in left:
+            self.free_order.pop(oid, None)
+        was = before.requests.get(t.op.req or "")
+        if t.op.op in ("release", "preempt") and t.outcome.status == "ok" and was is not None:
+            for oid in reversed(was.objects):
+                freed = after.objects.get(oid)
+                if freed is not None and freed.ref_count == 0 and freed.key is not None and oid not in self.free_order:
+                    self.free_seq += 1
+                    self.free_order[oid] = self.free_seq
+        for oid in list(self.free_order):
+            queued = after.objects.get(oid)
+            if queued is None or queued.key is None or queued.ref_count:
+                del self.free_order[oid]

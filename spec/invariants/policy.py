@@ -1,0 +1,250 @@
+"""Policy checks: the declared eviction order and admission rules, for every implementation (exact or not)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from ..ledger import Content
+from ..observation import ObjectView
+from ..ops import blocks_for, size_of
+from ..policies import (
+    BLOCK_ORDERS,
+    FEATURES_USED,
+    BlockFeatures,
+    BlockOrder,
+    OrderParams,
+    child_counts,
+    order_key,
+    retention_score,
+)
+from .transition import Problems, Transition, bad_input, eviction_candidates
+
+
+def candidates_unreferenced(t: Transition) -> Problems:
+    """Only unreferenced objects are eviction candidates: each evicted object had ref_count 0 before the step.
+
+    no_active_eviction looks at the blocks other requests read; this also covers
+    the operating request's own blocks (an append that evicts its own prefix).
+    """
+    evicted = [e.oid for e in t.events if e.kind == "evict"]
+    if not evicted:
+        return None
+    refs = t.before.referencing()
+    problems = []
+    for oid in evicted:
+        obj = t.before.objects.get(oid)
+        count = max(obj.ref_count if obj is not None else 0, refs.get(oid, 0))
+        if count:
+            problems.append(f"{t.op} evicted object {oid!r}, which had ref_count {count}")
+    return problems
+
+
+def no_spurious_refusal(t: Transition) -> Problems:
+    """A refused admit, resume or append really lacked room: free + evictable capacity was short of its need.
+
+    Evictable: unreferenced cached objects the operation does not hit itself. Holds
+    for every eviction order, whatever a policy protects. Judged on every valid
+    admit, resume and append (one that succeeds holds it trivially).
+    """
+    if t.op.op not in ("admit", "resume", "append") or bad_input(t) is not None:
+        return None
+    if t.outcome.status != "refused":
+        return []
+    need, evictable = _room(t)
+    if t.before.free + evictable >= need:
+        return [f"{t.op} was refused with {t.before.free} free + {evictable} evictable >= {need} needed"]
+    return []
+
+
+def _room(t: Transition) -> tuple[int, int]:
+    """(capacity the operation needs, evictable capacity it may take) in state ``t.before``, as the spec counts."""
+    before, op, cfg, sem = t.before, t.op, t.config, t.semantics
+    request = before.requests.get(op.req or "")
+    idle = {oid: o for oid, o in before.objects.items() if o.ref_count == 0 and o.key is not None}
+    if sem.granularity == "block":
+        if op.op == "append":
+            assert request is not None
+            return blocks_for(len(request.tokens) + len(op.tokens), cfg.block_size) - len(request.objects), len(idle)
+        tokens = op.tokens if op.op == "admit" else request.tokens if request is not None else ()
+        hits = _hit_chain(t, tokens)
+        return blocks_for(len(tokens), cfg.block_size) - len(hits), len(set(idle) - set(hits))
+    evictable = sum(o.size for o in idle.values())
+    if op.op == "append" and request is not None and request.objects:
+        rec = before.objects.get(request.objects[0])
+        held = rec.tokens if rec is not None else len(request.tokens)
+        have = rec.size if rec is not None else 0
+        return size_of(held + len(op.tokens), cfg, sem.granularity) - have, evictable
+    tokens = op.tokens if op.op == "admit" else request.tokens[: request.prompt_len] if request is not None else ()
+    if tokens in (before.index or {}):
+        return 0, evictable  # a hit takes no new capacity
+    return size_of(len(tokens), cfg, sem.granularity), evictable
+
+
+def _hit_chain(t: Transition, tokens: Content) -> list[Hashable]:
+    """The cached blocks an admission of ``tokens`` reuses: the longest chain of cached full blocks, hit-capped."""
+    index, bs = t.before.index or {}, t.config.block_size
+    hits: list[Hashable] = []
+    while len(hits) < len(tokens) // bs:
+        key = t.memory.key_of.get(tokens[: (len(hits) + 1) * bs])
+        if key is None or not index.get(key):
+            break
+        hits.append(index[key][0])
+    if t.semantics.hit_cap:
+        hits = hits[: max(len(tokens) - 1, 0) // bs]
+    return hits
+
+
+def _blocks_taken(t: Transition) -> int:
+    """Blocks the operating request took from the free pool (new blocks, not hits)."""
+    mine, was = t.after.requests.get(t.op.req or ""), t.before.requests.get(t.op.req or "")
+    if mine is None:
+        return 0
+    if t.op.op == "append":
+        return len(mine.objects) - (len(was.objects) if was is not None else 0)
+    left = {e.oid for e in t.events}
+    hits = [
+        oid
+        for oid in mine.objects
+        if oid in t.before.objects and oid not in left and t.before.objects[oid].key is not None
+    ]
+    return len(mine.objects) - len(hits)
+
+
+def _observed_features(t: Transition, order: BlockOrder) -> dict[Hashable, BlockFeatures] | None:
+    """The features ``order`` reads of every candidate, from the observation and KeyMemory; None if unobservable.
+
+    branch_factor is left 0 here: it changes as blocks are evicted, see policy_conformance.
+    """
+    before, memory, bs = t.before, t.memory, t.config.block_size
+    need = FEATURES_USED[order]
+    out = {}
+    for oid in eviction_candidates(t):
+        o = before.objects[oid]
+        pos, share = memory.free_order.get(oid), memory.share_peak.get(oid)
+        content = memory.content_of(o.key, t.semantics)
+        if (
+            pos is None
+            or ("hits" in need and o.hits is None)
+            or ("last_used" in need and o.last_used is None)
+            or ("share_degree" in need and share is None)
+            or ("prefix_depth" in need and content is None)
+        ):
+            return None
+        out[oid] = BlockFeatures(
+            hits=o.hits or 0,
+            share_degree=share or 0,
+            branch_factor=0,
+            prefix_depth=len(content) // bs if content is not None else 0,
+            last_used=o.last_used or 0,
+            free_pos=pos,
+        )
+    return out
+
+
+def policy_conformance(t: Transition) -> Problems:
+    """Each evicted object is the first of the declared eviction order among the candidates left at that moment.
+
+    The order is computed from what the checker observes (ObjectView hits and
+    last_used, the LRU release order and share degrees it tracked itself, the
+    cached keys' contents); unknown when a feature the order reads is not
+    observable. Every block order but lru also takes uncached free blocks before
+    it evicts any cached one.
+    """
+    sem = t.semantics
+    evicted = [e.oid for e in t.events if e.kind == "evict"]
+    if not evicted:
+        return None
+    if sem.granularity != "block":
+        return _ledger_conformance(t, evicted)
+    if sem.eviction not in BLOCK_ORDERS:
+        return None
+    order: BlockOrder = sem.eviction
+    problems = []
+    if order != "lru":
+        taken, uncached = _blocks_taken(t), t.before.free
+        if len(evicted) > max(0, taken - uncached):
+            problems.append(
+                f"{t.op} evicted {len(evicted)} cached block(s) for {taken} new block(s) "
+                f"while {uncached} uncached free block(s) were available"
+            )
+    features = _observed_features(t, order)
+    if features is None:
+        return problems or None
+    contents = {oid: t.memory.content_of(o.key, sem) for oid, o in t.before.objects.items() if o.key is not None}
+    cached = {oid: c for oid, c in contents.items() if c is not None}
+    if "branch_factor" in FEATURES_USED[order] and len(cached) < len(contents):
+        return problems or None  # a cached key of unknown content: its parent's branch factor is unknown
+    params = OrderParams(
+        clock=max((f.last_used for f in features.values()), default=0),
+        capacity=t.config.capacity,
+        protect_min_hits=sem.protect_min_hits,
+    )
+    bs = t.config.block_size
+    for oid in evicted:
+        if oid not in features:
+            problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
+            continue
+        children = child_counts(cached.values(), bs)
+        ranked = {
+            c: BlockFeatures(f.hits, f.share_degree, children[cached[c]], f.prefix_depth, f.last_used, f.free_pos)
+            if c in cached
+            else f
+            for c, f in features.items()
+        }
+        keys = {c: order_key(order, f, params) for c, f in ranked.items()}
+        problems += _not_ranked_first(t, oid, keys, order, "block ")
+        del features[oid]
+        cached.pop(oid, None)
+    return problems
+
+
+def _ledger_key(t: Transition, o: ObjectView) -> tuple[float, ...] | None:
+    """Record and entry granularity: the spec's eviction key of one object, from its observed hits, use and size.
+
+    lifecycle: (hits, last_used, -size). score (entries): (retention score as of the
+    entry's last access, last_used); the score is taken at age 0 when an entry is
+    refreshed, so it follows from hits and size alone.
+    """
+    if o.hits is None or o.last_used is None:
+        return None
+    if t.semantics.eviction == "lifecycle":
+        return (o.hits, o.last_used, -o.size)
+    if t.semantics.eviction == "score" and t.semantics.granularity == "entry":
+        return (retention_score(o.hits, o.size, 0, t.config.capacity), o.last_used)
+    return None
+
+
+def _ledger_conformance(t: Transition, evicted: list[Hashable]) -> Problems:
+    keys: dict[Hashable, tuple[float, ...]] = {}
+    for oid, o in t.before.objects.items():
+        if o.ref_count:
+            continue
+        key = _ledger_key(t, o)
+        if key is None:
+            return None
+        keys[oid] = key
+    problems = []
+    for oid in evicted:
+        if oid not in keys:
+            problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
+            continue
+        problems += _not_ranked_first(t, oid, keys, t.semantics.eviction, "")
+        del keys[oid]
+    return problems
+
+
+def _not_ranked_first(
+    t: Transition, oid: Hashable, keys: dict[Hashable, tuple[float, ...]], order: str, what: str
+) -> list[str]:
+    """The problem, if any, of evicting ``oid`` when ``order`` ranks another candidate first by ``keys``."""
+    first = min(keys, key=keys.__getitem__)
+    if first == oid:
+        return []
+    return [
+        f"{t.op} evicted {what}{oid!r} (rank key {_fmt(keys[oid])}) but {order} ranks "
+        f"{what}{first!r} (rank key {_fmt(keys[first])}) first"
+    ]
+
+
+def _fmt(key: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{x:.4g}" for x in key) + ")"

@@ -1,0 +1,68 @@
+"""Refinement checks: the implementation does what the spec's own step predicts.
+
+They apply to implementations that declare exact semantics (``Transition.predicted`` is set).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .transition import Problems, Transition
+
+
+def predicted_admission(t: Transition) -> Problems:
+    """An operation succeeds exactly when the spec says it fits (no spurious refusal)."""
+    p = t.predicted
+    if p is None or p.outcome.status == "invalid":
+        return None
+    if p.outcome.status != t.outcome.status:
+        why = "capacity was really there" if p.outcome.status == "ok" else "it does not fit"
+        return [f"{t.op} was {t.outcome.status!r}, spec says {p.outcome.status!r} ({why})"]
+    return []
+
+
+def predicted_prefix_hits(t: Transition) -> Problems:
+    """An admission serves exactly as many prompt tokens from cache as the spec predicts."""
+    p = t.predicted
+    if p is None or t.op.op not in ("admit", "resume") or t.outcome.hit_tokens is None:
+        return None
+    if p.outcome.status != "ok" or t.outcome.status != "ok":
+        return None
+    if p.outcome.hit_tokens != t.outcome.hit_tokens:
+        return [f"{t.op} hit {t.outcome.hit_tokens} cached tokens, spec predicts {p.outcome.hit_tokens}"]
+    return []
+
+
+def predicted_free_capacity(t: Transition) -> Problems:
+    """Free capacity after each step is what the spec predicts."""
+    p = t.predicted
+    if p is None:
+        return None
+    if p.free != t.after.free:
+        return [f"free capacity after {t.op} is {t.after.free}, spec predicts {p.free}"]
+    return []
+
+
+def predicted_eviction(t: Transition) -> Problems:
+    """The objects evicted and reclaimed are exactly those the declared policy picks."""
+    p = t.predicted
+    if p is None:
+        return None
+    problems = []
+    for kind, want in (("evict", p.evicted), ("reclaim", p.reclaimed)):
+        got = []
+        for e in t.events:
+            if e.kind != kind:
+                continue
+            obj = t.before.objects.get(e.oid)
+            key = e.key if e.key is not None else (obj.key if obj is not None else None)
+            content = t.memory.content_of(key, t.semantics) if key is not None else None
+            got.append(content)
+        if Counter(got) != Counter(want):
+            problems.append(f"{t.op}: {kind}ed {len(got)} object(s) {_short(got)}, spec's policy picks {_short(want)}")
+    return problems
+
+
+def _short(contents: object) -> str:
+    text = repr(contents)
+    return text if len(text) < 160 else text[:157] + "..."

@@ -1,0 +1,229 @@
+"""Safety invariants: what every implementation keeps, exact or not.
+
+State invariants look at ``after`` only; transition invariants compare
+``before`` and ``after``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from ..ops import blocks_for, size_of
+from .transition import Problems, Transition, bad_input
+
+# -- state invariants -----------------------------------------------------------------
+
+
+def capacity_conservation(t: Transition) -> Problems:
+    """free + sum of object sizes == capacity, and free >= 0."""
+    obs = t.after
+    used = sum(o.size for o in obs.objects.values())
+    problems = []
+    if obs.capacity != t.config.capacity:
+        problems.append(f"capacity is {obs.capacity}, configured {t.config.capacity}")
+    if obs.free < 0:
+        problems.append(f"free capacity is negative ({obs.free})")
+    if obs.free + used != obs.capacity:
+        problems.append(f"free {obs.free} + held {used} != capacity {obs.capacity}")
+    return problems
+
+
+def non_negative_ref_counts(t: Transition) -> Problems:
+    """No object's ref count is below zero."""
+    return [f"object {o.oid!r} has ref_count {o.ref_count}" for o in t.after.objects.values() if o.ref_count < 0]
+
+
+def ref_count_matches_references(t: Transition) -> Problems:
+    """Each object's ref count equals the number of live request references to it."""
+    obs = t.after
+    refs = obs.referencing()
+    problems = [
+        f"object {o.oid!r} has ref_count {o.ref_count} but {refs.get(o.oid, 0)} live references"
+        for o in obs.objects.values()
+        if o.ref_count != refs.get(o.oid, 0)
+    ]
+    problems += [
+        f"a request references object {oid!r}, which holds no capacity" for oid in refs if oid not in obs.objects
+    ]
+    return problems
+
+
+def tail_rounding(t: Transition) -> Problems:
+    """An object of n tokens takes ceil(n / block_size) blocks; a request holds exactly that many."""
+    obs, cfg, sem = t.after, t.config, t.semantics
+    problems = []
+    for o in obs.objects.values():
+        if sem.granularity == "block":
+            if o.size != 1 or not 1 <= o.tokens <= cfg.block_size:
+                problems.append(f"block {o.oid!r} has size {o.size} holding {o.tokens} tokens")
+        elif o.size != size_of(o.tokens, cfg, sem.granularity):
+            problems.append(
+                f"object {o.oid!r} holds {o.tokens} tokens in size {o.size}, "
+                f"expected {size_of(o.tokens, cfg, sem.granularity)}"
+            )
+    if sem.granularity == "block":
+        for r in obs.requests.values():
+            want = blocks_for(len(r.tokens), cfg.block_size) if r.state == "running" else 0
+            if len(r.objects) != want:
+                problems.append(
+                    f"request {r.req!r} has {len(r.tokens)} tokens in {len(r.objects)} blocks, expected {want}"
+                )
+    return problems
+
+
+def cache_index_consistency(t: Transition) -> Problems:
+    """Every index entry names an object cached under that key, holding that key's tokens."""
+    obs, sem, bs = t.after, t.semantics, t.config.block_size
+    problems = []
+    for key, oids in (obs.index or {}).items():
+        for oid in oids:
+            obj = obs.objects.get(oid)
+            if obj is None:
+                problems.append(f"index entry {key!r} points to object {oid!r}, which is free")
+            elif obj.key != key:
+                problems.append(f"index entry {key!r} points to object {oid!r}, cached as {obj.key!r}")
+    memory = t.memory
+    for r in obs.requests.values():
+        for i, oid in enumerate(r.objects):
+            obj = obs.objects.get(oid)
+            if obj is None or obj.key is None:
+                continue
+            if sem.granularity == "block":
+                content = r.tokens[: (i + 1) * bs]
+                if len(content) < (i + 1) * bs:
+                    problems.append(f"partial block {oid!r} of request {r.req!r} carries cache key {obj.key!r}")
+                    continue
+            else:
+                content = r.tokens[: r.prompt_len]
+            seen = memory.content.get(obj.key)
+            if seen is None:
+                memory.content[obj.key] = content
+                memory.key_of.setdefault(content, obj.key)
+            elif seen != content:
+                problems.append(
+                    f"object {oid!r} at position {i} of request {r.req!r} carries key {obj.key!r}, "
+                    f"cached for other tokens"
+                )
+    if sem.granularity != "block":
+        for o in obs.objects.values():
+            if o.key is not None and o.key != o.oid and not isinstance(o.key, tuple):
+                problems.append(f"object {o.oid!r}: record and entry keys must be the prompt tokens")
+    return problems
+
+
+# -- transition invariants ---------------------------------------------------------------
+
+
+def share_without_duplication(t: Transition) -> Problems:
+    """A cached prefix is shared by reference, never copied; partial tail blocks are never shared."""
+    before, after, sem = t.before, t.after, t.semantics
+    problems = []
+    if sem.granularity == "block":
+        refs = after.referencing()
+        for oid, n in refs.items():
+            obj = after.objects.get(oid)
+            if n > 1 and obj is not None and obj.key is None:
+                problems.append(f"uncached block {oid!r} is referenced {n} times")
+    if t.op.op not in ("admit", "resume") or t.outcome.status != "ok":
+        return problems
+    index = before.index or {}
+    if sem.granularity == "entry":
+        holders = [o.oid for o in after.objects.values() if o.key == t.op.tokens]
+        if len(holders) != 1:
+            problems.append(f"prompt of {t.op.req!r} is held by {len(holders)} entries {holders!r}")
+        return problems
+    request = after.requests.get(t.op.req or "")
+    if request is None:
+        return [*problems, f"admitted request {t.op.req!r} is not live"]
+    if sem.granularity == "block":
+        bs, n = t.config.block_size, len(request.tokens)
+        chain = 0
+        while chain < n // bs:
+            key = t.memory.key_of.get(request.tokens[: (chain + 1) * bs])
+            if key is None or key not in index:
+                break
+            chain += 1
+        if sem.hit_cap:
+            chain = min(chain, (n - 1) // bs)
+        for i in range(min(chain, len(request.objects))):
+            key = t.memory.key_of[request.tokens[: (i + 1) * bs]]
+            if request.objects[i] not in index[key]:
+                problems.append(
+                    f"block {i} of {t.op.req!r} is new object {request.objects[i]!r} although "
+                    f"its prefix was cached as {index[key]!r}"
+                )
+    else:
+        key = request.tokens[: request.prompt_len]
+        holders = [o.oid for o in after.objects.values() if o.key == key]
+        if len(holders) > 1:
+            problems.append(f"prompt of {t.op.req!r} is held by {len(holders)} objects {holders!r}")
+        if key in index and request.objects and request.objects[0] not in index[key]:
+            problems.append(f"{t.op.req!r} got a new object although its prompt was cached")
+    return problems
+
+
+def no_active_eviction(t: Transition) -> Problems:
+    """Only unreferenced objects are evicted or reclaimed; a running request's blocks stay put."""
+    before, after, target = t.before, t.after, t.op.req
+    others = {rid: r for rid, r in before.requests.items() if rid != target}
+    readers: dict[Hashable, list[str]] = {}
+    for rid, r in others.items():
+        for oid in r.objects:
+            readers.setdefault(oid, []).append(rid)
+    problems = [
+        f"{e.kind} of object {e.oid!r} while request(s) {readers[e.oid]} still read it"
+        for e in t.events
+        if e.oid in readers
+    ]
+    for rid, r in others.items():
+        now = after.requests.get(rid)
+        if now is None:
+            problems.append(f"request {rid!r} vanished during {t.op}")
+            continue
+        if now.objects != r.objects:
+            problems.append(f"block table of request {rid!r} changed from {r.objects!r} to {now.objects!r}")
+            continue
+        for oid in r.objects:
+            was, obj = before.objects.get(oid), after.objects.get(oid)
+            if was is not None and (obj is None or obj.key != was.key):
+                problems.append(f"object {oid!r} read by {rid!r} lost its cached content during {t.op}")
+    mine = after.requests.get(target or "")
+    if mine is not None and t.semantics.granularity == "block":
+        was_live = before.requests.get(target or "")
+        held_before = set(was_live.objects) if was_live is not None else set()
+        for oid in set(mine.objects) - held_before:
+            was = before.objects.get(oid)
+            if oid in readers and (was is None or was.key is None):
+                problems.append(f"uncached block {oid!r} of request(s) {readers[oid]} handed to {target!r}")
+    return problems
+
+
+def atomic_failure(t: Transition) -> Problems:
+    """A refused or rejected operation changes nothing observable and evicts nothing."""
+    if t.outcome.status == "ok":
+        return None
+    b, a = t.before, t.after
+    problems = []
+    if t.events:
+        problems.append(f"refused {t.op} emitted {len(t.events)} event(s)")
+    if b.free != a.free:
+        problems.append(f"free capacity went from {b.free} to {a.free}")
+    for oid in set(b.objects) | set(a.objects):
+        if b.objects.get(oid) != a.objects.get(oid):
+            problems.append(f"object {oid!r} changed: {b.objects.get(oid)} -> {a.objects.get(oid)}")
+    for rid in set(b.requests) | set(a.requests):
+        if b.requests.get(rid) != a.requests.get(rid):
+            problems.append(f"request {rid!r} changed")
+    if (b.index or {}) != (a.index or {}):
+        problems.append("cache index changed")
+    return problems
+
+
+def bad_input_rejected(t: Transition) -> Problems:
+    """Bad input gets the spec's error; valid input never does."""
+    expected = bad_input(t)
+    if expected is not None and t.outcome.status != "invalid":
+        return [f"{t.op} is bad input ({expected}) but the outcome was {t.outcome.status!r}"]
+    if expected is None and t.outcome.status == "invalid":
+        return [f"{t.op} is valid but was rejected as bad input: {t.outcome.message}"]
+    return []

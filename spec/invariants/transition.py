@@ -1,0 +1,68 @@
+"""One transition of an implementation, and the shape of an invariant: a function over it.
+
+An invariant returns None when it does not apply to the step, otherwise the
+list of problems it found (empty: held).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ..ledger import Step, validate
+from ..observation import Observation
+from ..ops import Config, Event, Op, Outcome, Semantics, SpecError
+
+if TYPE_CHECKING:
+    from .key_memory import KeyMemory
+
+Problems = list[str] | None
+Kind = Literal["safety", "refinement", "policy"]
+"""safety: every implementation; refinement: implementations that declare exact semantics; policy: every
+implementation, judged against the eviction order and admission rules it declares (exact or not)."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One step of an implementation: the ledger before, the op, what it answered and emitted, the ledger after."""
+
+    before: Observation
+    op: Op
+    outcome: Outcome
+    events: tuple[Event, ...]
+    after: Observation
+    config: Config
+    semantics: Semantics
+    memory: KeyMemory
+    predicted: Step | None = None  # the spec's step, where the adapter declares exact semantics
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """A named check over one transition; ``doc`` is the first line of its docstring: what it demands."""
+
+    name: str
+    kind: Kind
+    check: Callable[[Transition], Problems]
+
+    @property
+    def doc(self) -> str:
+        return (self.check.__doc__ or "").strip().splitlines()[0]
+
+
+def bad_input(t: Transition) -> str | None:
+    """The spec's error for the step's op in the state before it; None when the op is valid."""
+    try:
+        validate(t.op, t.before, t.config, t.semantics)
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
+def eviction_candidates(t: Transition) -> set[Hashable]:
+    """Block granularity: cached blocks with ref_count 0 before the step, less those the step's admission hit."""
+    left = {e.oid for e in t.events}
+    mine = t.after.requests.get(t.op.req or "")
+    hit = set(mine.objects) - left if mine is not None and t.op.op in ("admit", "resume") else set()
+    return {oid for oid, o in t.before.objects.items() if o.ref_count == 0 and o.key is not None and oid not in hit}

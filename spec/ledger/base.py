@@ -1,0 +1,202 @@
+"""The protocol every ledger keeps, and what all of them share: requests, the clock, what left the cache.
+
+Keys in the spec are the token content itself (a block's whole prefix, a
+record's or entry's prompt): exact, collision-free, and independent of any
+implementation's hash function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self, cast
+
+from ..observation import ObjectView, Observation, RequestState, RequestView
+from ..ops import Config, Granularity, Op, Outcome, Semantics, SpecError, size_of
+
+Content = tuple[int, ...]
+
+
+def validate(op: Op, obs: Observation, config: Config, semantics: Semantics) -> None:
+    """Raise SpecError when ``op`` is bad input in state ``obs``; return when it is valid.
+
+    Valid operations may still be refused for lack of capacity; bad input never is
+    "refused": it is an error, and it changes nothing.
+    """
+    request = obs.requests.get(op.req) if op.req is not None else None
+    if op.op == "reset_cache":
+        return
+    if op.req is None or not op.req:
+        raise SpecError(f"{op.op} needs a request id")
+    if op.op == "admit":
+        if request is not None:
+            raise SpecError(f"request {op.req!r} already exists")
+        if not op.tokens:
+            raise SpecError("empty prompt")
+        if any(t < 0 for t in op.tokens):
+            raise SpecError("token ids must be non-negative")
+        if size_of(len(op.tokens), config, semantics.granularity) > config.capacity:
+            raise SpecError("prompt is larger than the whole cache capacity")
+        return
+    if request is None:
+        raise SpecError(f"unknown or already released request {op.req!r}")
+    if op.op == "release":
+        return
+    if op.op == "append":
+        if request.state != "running":
+            raise SpecError(f"append to request {op.req!r} that is not running")
+        if not op.tokens:
+            raise SpecError("append needs a positive number of tokens")
+        if any(t < 0 for t in op.tokens):
+            raise SpecError("token ids must be non-negative")
+        held = len(request.tokens)
+        record = obs.objects.get(request.objects[0]) if request.objects else None
+        if semantics.granularity == "record" and record is not None:
+            held = record.tokens
+        if size_of(held + len(op.tokens), config, semantics.granularity) > config.capacity:
+            raise SpecError("request would be larger than the whole cache capacity")
+        return
+    if op.op == "preempt":
+        if request.state != "running":
+            raise SpecError(f"preempt of request {op.req!r} that is not running")
+        if op.mode != "recompute":
+            raise SpecError(f"unsupported preempt mode {op.mode!r}")
+        return
+    if op.op == "resume":
+        if request.state != "preempted":
+            raise SpecError(f"resume of request {op.req!r} that is not preempted")
+        return
+    raise SpecError(f"unknown op {op.op!r}")
+
+
+@dataclass
+class CacheObject:
+    """One cache object: a block's slot, a record or an entry."""
+
+    key: Content | None = None
+    tokens: int = 0
+    size: int = 1
+    ref_count: int = 0
+    hits: int = 0
+    last_used: int = 0
+    priority: float = 0.0  # entry granularity: the retention score as of the last access
+    share_degree: int = 0  # block granularity: peak ref_count since the block left the free queue
+
+
+@dataclass
+class Request:
+    """A live request: its tokens and the objects it references, in order (block ids or record keys)."""
+
+    tokens: Content
+    prompt_len: int
+    objects: list[object] = field(default_factory=list)
+    state: RequestState = "running"
+    cache_limit: int | None = None  # the admission gate: full blocks from this position on stay uncached
+
+
+@dataclass(frozen=True)
+class Step:
+    """The spec's verdict on one operation: outcome, left-cache contents, free capacity after."""
+
+    outcome: Outcome
+    evicted: tuple[Content, ...]
+    reclaimed: tuple[Content, ...]
+    free: int
+    # Block granularity: the slot each evicted / reclaimed key left (with duplicate keys, not always index[key]).
+    evicted_slots: tuple[int, ...] = ()
+    reclaimed_slots: tuple[int, ...] = ()
+
+
+Operation = Callable[[Op], Outcome]
+
+
+class LedgerModel:
+    """The reference semantics of the KV lifecycle, one object per cache object.
+
+    ``LedgerModel(config, semantics)`` is the ledger of ``semantics.granularity``:
+    a BlockLedger, RecordLedger or EntryLedger. Every one keeps this protocol:
+    ``step`` validates first and leaves the objects and requests of a refused or
+    invalid op as they were; ``observe`` shows the ledger as adapters show
+    theirs; ``free`` is the capacity no object holds. ``step`` keeps every
+    safety invariant of spec.invariants by construction; tests/ check that it
+    does, and the stateful suite holds implementations to it.
+    """
+
+    granularity: ClassVar[Granularity]
+    _by_granularity: ClassVar[dict[Granularity, type[LedgerModel]]] = {}
+
+    def __init_subclass__(cls, granularity: Granularity | None = None, **kwargs: Any) -> None:
+        """``class BlockLedger(LedgerModel, granularity="block")``: the ledger LedgerModel builds for it."""
+        super().__init_subclass__(**kwargs)
+        if granularity is not None:
+            cls.granularity = granularity
+            LedgerModel._by_granularity[granularity] = cls
+
+    def __new__(cls, config: Config, semantics: Semantics) -> Self:
+        ledger = LedgerModel._by_granularity[semantics.granularity] if cls is LedgerModel else cls
+        return cast(Self, super().__new__(ledger))
+
+    def __init__(self, config: Config, semantics: Semantics) -> None:
+        if semantics.granularity != self.granularity:
+            raise ValueError(f"{type(self).__name__} keeps {self.granularity} granularity, not {semantics.granularity}")
+        self.config = config
+        self.semantics = semantics
+        self.clock = 0
+        self.requests: dict[str, Request] = {}
+        # What left the cache during the current step, in order.
+        self._evicted: list[Content] = []
+        self._reclaimed: list[Content] = []
+        self._evicted_slots: list[int] = []
+        self._reclaimed_slots: list[int] = []
+
+    # -- what each granularity defines ----------------------------------------------
+    @property
+    def free(self) -> int:
+        """Capacity that no object holds."""
+        raise NotImplementedError
+
+    def _objects(self) -> dict[object, ObjectView]:
+        """Every object that holds capacity, by its oid."""
+        raise NotImplementedError
+
+    def _index(self) -> dict[Hashable, tuple[object, ...]]:
+        """The cache index: each cached key and the objects found under it, first hit first."""
+        raise NotImplementedError
+
+    def _operations(self) -> Mapping[str, Operation]:
+        """The ops this granularity defines; each gets a valid op and checks capacity before it changes anything."""
+        raise NotImplementedError
+
+    # -- the protocol ---------------------------------------------------------------
+    def observe(self) -> Observation:
+        """The spec's own ledger, in the shape adapters report."""
+        requests = {
+            rid: RequestView(rid, r.tokens, r.prompt_len, tuple(r.objects), r.state) for rid, r in self.requests.items()
+        }
+        return Observation(self.config.capacity, self.free, self._objects(), requests, self._index())
+
+    def step(self, op: Op) -> Step:
+        """Apply ``op``; a refused or invalid op leaves the ledger exactly as it was.
+
+        Bad input, and an op this granularity does not define, are ``invalid``
+        before anything is read or the clock moves.
+        """
+        self._evicted, self._reclaimed = [], []
+        self._evicted_slots, self._reclaimed_slots = [], []
+        try:
+            validate(op, self.observe(), self.config, self.semantics)
+        except SpecError as exc:
+            return Step(Outcome.invalid(str(exc)), (), (), self.free)
+        operation = self._operations().get(op.op)
+        if operation is None:
+            return Step(Outcome.invalid(f"{op.op} is not defined at {self.granularity} granularity"), (), (), self.free)
+        self.clock += 1
+        outcome = operation(op)
+        return Step(
+            outcome,
+            tuple(self._evicted),
+            tuple(self._reclaimed),
+            self.free,
+            tuple(self._evicted_slots),
+            tuple(self._reclaimed_slots),
+        )

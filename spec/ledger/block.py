@@ -1,0 +1,284 @@
+"""The ledger at block granularity: paged blocks identified by their token prefix.
+
+``capacity`` physical slots. A slot with ref_count 0 sits in the free queue
+(LRU: head evicted first), cached or not; a referenced slot never does. The
+index maps each cached key (the block's whole prefix) to the slot found under
+it; with duplicate_keys="indexed" further slots cached under the same key
+follow in ``duplicates``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
+
+from ..observation import ObjectView
+from ..ops import Config, Op, Outcome, Semantics, blocks_for
+from ..policies import BlockFeatures, OrderParams, child_counts, prefix_depth, victim
+from .base import CacheObject, Content, LedgerModel, Operation, Request
+
+
+class BlockLedger(LedgerModel, granularity="block"):
+    """Paged blocks: slots, the free queue, the prefix index, duplicate keys and the eviction orders."""
+
+    def __init__(self, config: Config, semantics: Semantics) -> None:
+        super().__init__(config, semantics)
+        self.slots = [CacheObject() for _ in range(config.capacity)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(config.capacity))
+        self.index: dict[Content, int] = {}
+        self.duplicates: dict[Content, list[int]] = {}
+
+    @property
+    def free(self) -> int:
+        """Slots that neither a request nor a cached key holds."""
+        return sum(1 for s in self.slots if not s.ref_count and s.key is None)
+
+    def _objects(self) -> dict[object, ObjectView]:
+        objects: dict[object, ObjectView] = {}
+        for sid, slot in enumerate(self.slots):
+            if slot.ref_count or slot.key is not None:
+                objects[sid] = ObjectView(sid, 1, slot.tokens, slot.ref_count, slot.key, slot.hits, slot.last_used)
+        return objects
+
+    def _index(self) -> dict[Hashable, tuple[object, ...]]:
+        return {key: (sid, *self.duplicates.get(key, ())) for key, sid in self.index.items()}
+
+    def _operations(self) -> Mapping[str, Operation]:
+        return {
+            "admit": self._admit,
+            "append": self._append,
+            "release": self._release,
+            "preempt": self._preempt,
+            "resume": self._resume,
+            "reset_cache": self._reset_cache,
+        }
+
+    # -- the index and the free queue -------------------------------------------------
+    def _prefix(self, tokens: Content, i: int) -> Content:
+        """The key of block ``i`` of ``tokens``: its whole prefix."""
+        return tokens[: (i + 1) * self.config.block_size]
+
+    def _unindex(self, key: Content, sid: int) -> None:
+        """Drop slot ``sid`` from the index under ``key``; the next duplicate, if any, takes its place."""
+        more = self.duplicates.get(key, [])
+        if self.index.get(key) == sid:
+            if more:
+                self.index[key] = more.pop(0)
+            else:
+                del self.index[key]
+        elif sid in more:
+            more.remove(sid)
+        if not more:
+            self.duplicates.pop(key, None)
+
+    def _pop_free(self, n: int) -> list[int]:
+        """Take ``n`` slots from the free queue, evicting cached ones; each comes back with ref_count 1.
+
+        An evicted slot leaves the index first, so the index never names a reused
+        slot. lru pops the head, cached or not. Every other order takes the first
+        uncached slot while there is one, and only then evicts the cached slot
+        its order ranks first among all cached ones in the queue.
+        """
+        taken = []
+        for _ in range(n):
+            sid = self._next_free()
+            del self.free_queue[sid]
+            slot = self.slots[sid]
+            if slot.key is not None:
+                self._unindex(slot.key, sid)
+                self._evicted.append(slot.key)
+                self._evicted_slots.append(sid)
+            self.slots[sid] = CacheObject(ref_count=1, last_used=self.clock, share_degree=1)
+            taken.append(sid)
+        return taken
+
+    def _next_free(self) -> int:
+        """The slot the next allocation takes from the free queue."""
+        if self.semantics.eviction == "lru":
+            return next(iter(self.free_queue))
+        for sid in self.free_queue:
+            if self.slots[sid].key is None:
+                return sid
+        return self._policy_victim()
+
+    def block_features(self) -> dict[int, BlockFeatures]:
+        """The features of every cached slot in the free queue: the eviction candidates, by slot."""
+        bs = self.config.block_size
+        children = child_counts(self.index, bs)
+        features = {}
+        for pos, sid in enumerate(self.free_queue):
+            slot = self.slots[sid]
+            if slot.key is None:
+                continue
+            features[sid] = BlockFeatures(
+                hits=slot.hits,
+                share_degree=slot.share_degree,
+                branch_factor=children[slot.key],
+                prefix_depth=prefix_depth(slot.key, bs),
+                last_used=slot.last_used,
+                free_pos=pos,
+            )
+        return features
+
+    def _policy_victim(self) -> int:
+        """The cached slot in the free queue that the declared order evicts first."""
+        order = self.semantics.eviction
+        assert order in ("score", "shared_aware", "family_protect")
+        params = OrderParams(self.clock, self.config.capacity, self.semantics.protect_min_hits)
+        return victim(order, self.block_features(), params)
+
+    # -- a request's blocks -------------------------------------------------------------
+    def _cache_full_blocks(self, request: Request, start: int) -> None:
+        """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys).
+
+        Keeps one index entry per key: a duplicate stays uncached, or (indexed)
+        queues behind the first. Blocks at or past the request's cache_limit
+        (the admission gate) stay uncached.
+        """
+        bs = self.config.block_size
+        full = len(request.tokens) // bs
+        if request.cache_limit is not None:
+            full = min(full, request.cache_limit)
+        for i in range(start, full):
+            key = self._prefix(request.tokens, i)
+            sid = request.objects[i]
+            assert isinstance(sid, int)
+            if key not in self.index:
+                self.index[key] = sid
+                self.slots[sid].key = key
+            elif self.semantics.duplicate_keys == "indexed":
+                self.duplicates.setdefault(key, []).append(sid)
+                self.slots[sid].key = key
+
+    def _fill_tokens(self, request: Request) -> None:
+        """Each block of the request holds its share of the tokens: B, the tail block the rest."""
+        bs, n = self.config.block_size, len(request.tokens)
+        for i, sid in enumerate(request.objects):
+            assert isinstance(sid, int)
+            self.slots[sid].tokens = min(bs, n - i * bs)
+
+    def _admission(self, rid: str, request: Request) -> Outcome:
+        """Hit the longest cached chain of full blocks (hit-capped), pop the rest from the free queue.
+
+        All or nothing: refused, before anything changes, unless the free queue
+        holds the new blocks and the cached-free hit blocks that leave it.
+        """
+        tokens, bs = request.tokens, self.config.block_size
+        n = len(tokens)
+        hit_blocks = 0
+        while hit_blocks < n // bs and self._prefix(tokens, hit_blocks) in self.index:
+            hit_blocks += 1
+        if self.semantics.hit_cap:
+            hit_blocks = min(hit_blocks, (n - 1) // bs)
+        hits = [self.index[self._prefix(tokens, i)] for i in range(hit_blocks)]
+        need = blocks_for(n, bs) - hit_blocks
+        leaving_free = sum(1 for sid in hits if sid in self.free_queue)
+        if need + leaving_free > len(self.free_queue):
+            return Outcome.refused("not enough free or evictable blocks")
+        for sid in hits:
+            self.free_queue.pop(sid, None)
+            slot = self.slots[sid]
+            slot.ref_count += 1
+            slot.hits += 1
+            slot.last_used = self.clock
+            slot.share_degree = max(slot.share_degree, slot.ref_count)
+        anchor = self.semantics.admission_anchor_blocks
+        request.cache_limit = anchor if anchor is not None and hit_blocks == 0 else None
+        request.objects = [*hits, *self._pop_free(need)]
+        request.state = "running"
+        self.requests[rid] = request
+        self._fill_tokens(request)
+        self._cache_full_blocks(request, hit_blocks)
+        return Outcome.ok(hit_blocks * bs)
+
+    def _drop_references(self, request: Request, keep: bool) -> None:
+        """Drop the request's references, tail block first; a block at ref_count 0 joins the free queue's tail.
+
+        Keeps the free queue exactly the slots with ref_count 0. Without ``keep``
+        a freed cached block is reclaimed (unindexed and emptied). With
+        free_uncached="head", the freed blocks that hold no key go to the head
+        instead, in the same order (the request's tail block first).
+        """
+        to_head: list[int] = []
+        for sid in reversed(request.objects):
+            assert isinstance(sid, int)
+            slot = self.slots[sid]
+            slot.ref_count -= 1
+            if slot.ref_count:
+                continue
+            if slot.key is not None and not keep:
+                self._unindex(slot.key, sid)
+                self._reclaimed.append(slot.key)
+                self._reclaimed_slots.append(sid)
+                slot.key = None
+            if slot.key is None:
+                self.slots[sid] = CacheObject()
+                if self.semantics.free_uncached == "head":
+                    to_head.append(sid)
+                    continue
+            self.free_queue[sid] = None
+        for sid in reversed(to_head):
+            self.free_queue[sid] = None
+            self.free_queue.move_to_end(sid, last=False)
+        request.objects = []
+
+    # -- the operations -------------------------------------------------------------------
+    def _admit(self, op: Op) -> Outcome:
+        """A new request: the admission of its prompt."""
+        assert op.req is not None
+        return self._admission(op.req, Request(op.tokens, len(op.tokens)))
+
+    def _resume(self, op: Op) -> Outcome:
+        """Re-admit a preempted request's tokens; refused, it stays preempted as it was."""
+        assert op.req is not None
+        waiting = self.requests[op.req]
+        fresh = Request(waiting.tokens, waiting.prompt_len)
+        outcome = self._admission(op.req, fresh)
+        if outcome.status != "ok":
+            self.requests[op.req] = waiting
+        return outcome
+
+    def _append(self, op: Op) -> Outcome:
+        """Pop the blocks past the tail block and key the blocks that became full; refused, nothing changes."""
+        assert op.req is not None
+        request = self.requests[op.req]
+        bs = self.config.block_size
+        old_full = len(request.tokens) // bs
+        total = len(request.tokens) + len(op.tokens)
+        need = blocks_for(total, bs) - len(request.objects)
+        if need > len(self.free_queue):
+            return Outcome.refused("not enough free or evictable blocks")
+        request.objects.extend(self._pop_free(need))
+        request.tokens = request.tokens + op.tokens
+        self._fill_tokens(request)
+        self._cache_full_blocks(request, old_full)
+        for sid in request.objects[-1:]:
+            assert isinstance(sid, int)
+            self.slots[sid].last_used = self.clock
+        return Outcome.ok()
+
+    def _release(self, op: Op) -> Outcome:
+        """Forget the request and drop its references; with ``keep`` its cached blocks stay cached."""
+        assert op.req is not None
+        self._drop_references(self.requests.pop(op.req), op.keep)
+        return Outcome.ok()
+
+    def _preempt(self, op: Op) -> Outcome:
+        """Free like a kept release; the request stays, preempted, with its tokens."""
+        assert op.req is not None
+        request = self.requests[op.req]
+        self._drop_references(request, keep=True)
+        request.state = "preempted"
+        return Outcome.ok()
+
+    def _reset_cache(self, op: Op) -> Outcome:
+        """Reclaim every cached block no request references (refused while any is, with reset_requires_idle)."""
+        if self.semantics.reset_requires_idle and any(s.ref_count for s in self.slots):
+            return Outcome.refused("blocks are in use")
+        for sid, slot in enumerate(self.slots):
+            if slot.key is not None and not slot.ref_count:
+                self._reclaimed.append(slot.key)
+                self._reclaimed_slots.append(sid)
+                self._unindex(slot.key, sid)
+                self.slots[sid] = CacheObject()
+        return Outcome.ok()
