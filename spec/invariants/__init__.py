@@ -11,43 +11,17 @@ no verdict.
 from __future__ import annotations
 
 from .key_memory import KeyMemory
-from .policy import candidates_unreferenced, no_spurious_refusal, policy_conformance
+from .policy import POLICY
 from .quality import PolicyQuality, eviction_choices, orphaned_blocks
-from .refinement import predicted_admission, predicted_eviction, predicted_free_capacity, predicted_prefix_hits
-from .safety import (
-    atomic_failure,
-    bad_input_rejected,
-    cache_index_consistency,
-    capacity_conservation,
-    no_active_eviction,
-    non_negative_ref_counts,
-    ref_count_matches_references,
-    share_without_duplication,
-    tail_rounding,
-)
+from .refinement import REFINEMENT
+from .safety import SAFETY
 from .transition import Invariant, Kind, Problems, Transition
 
-# Order matters only for which broken invariant a report names first: the most
-# specific cause comes before the generic symptoms it also produces.
-INVARIANTS: tuple[Invariant, ...] = (
-    Invariant("bad_input_rejected", "safety", bad_input_rejected),
-    Invariant("atomic_failure", "safety", atomic_failure),
-    Invariant("no_active_eviction", "safety", no_active_eviction),
-    Invariant("share_without_duplication", "safety", share_without_duplication),
-    Invariant("tail_rounding", "safety", tail_rounding),
-    Invariant("cache_index_consistency", "safety", cache_index_consistency),
-    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
-    Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
-    Invariant("capacity_conservation", "safety", capacity_conservation),
-    Invariant("predicted_admission", "refinement", predicted_admission),
-    Invariant("predicted_eviction", "refinement", predicted_eviction),
-    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),
-    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity),
-    # Policy checks come last, so that adding them changed no existing counterexample's first name.
-    Invariant("candidates_unreferenced", "policy", candidates_unreferenced),
-    Invariant("no_spurious_refusal", "policy", no_spurious_refusal),
-    Invariant("policy_conformance", "policy", policy_conformance),
-)
+INVARIANTS: tuple[Invariant, ...] = (*SAFETY, *REFINEMENT, *POLICY)
+"""Every invariant, in the order a report names a step's broken invariants: safety first (within a kind,
+the most specific cause before the generic symptoms it also produces), then refinement, then policy (last,
+so that adding them changed no existing counterexample's first name). A new invariant is one function and
+one entry in its kind's tuple."""
 
 ADAPTER_CONTRACT = "adapter_contract"
 """Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""

@@ -17,7 +17,7 @@ from ..policies import (
     order_key,
     retention_score,
 )
-from .transition import Problems, Transition, bad_input, eviction_candidates
+from .transition import Invariant, Problems, Transition, bad_input, eviction_candidates
 
 
 def candidates_unreferenced(t: Transition) -> Problems:
@@ -248,3 +248,10 @@ def _not_ranked_first(
 
 def _fmt(key: tuple[float, ...]) -> str:
     return "(" + ", ".join(f"{x:.4g}" for x in key) + ")"
+
+
+POLICY: tuple[Invariant, ...] = (
+    Invariant("candidates_unreferenced", "policy", candidates_unreferenced),
+    Invariant("no_spurious_refusal", "policy", no_spurious_refusal),
+    Invariant("policy_conformance", "policy", policy_conformance),
+)

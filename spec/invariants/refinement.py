@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .transition import Problems, Transition
+from .transition import Invariant, Problems, Transition
 
 
 def predicted_admission(t: Transition) -> Problems:
@@ -66,3 +66,11 @@ def predicted_eviction(t: Transition) -> Problems:
 def _short(contents: object) -> str:
     text = repr(contents)
     return text if len(text) < 160 else text[:157] + "..."
+
+
+REFINEMENT: tuple[Invariant, ...] = (
+    Invariant("predicted_admission", "refinement", predicted_admission),
+    Invariant("predicted_eviction", "refinement", predicted_eviction),
+    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),
+    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity),
+)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from ..ops import blocks_for, size_of
-from .transition import Problems, Transition, bad_input
+from .transition import Invariant, Problems, Transition, bad_input
 
 # -- state invariants -----------------------------------------------------------------
 
@@ -227,3 +227,18 @@ def bad_input_rejected(t: Transition) -> Problems:
     if expected is None and t.outcome.status == "invalid":
         return [f"{t.op} is valid but was rejected as bad input: {t.outcome.message}"]
     return []
+
+
+# Within the kind, the order decides which broken invariant a report names first: the most
+# specific cause comes before the generic symptoms it also produces.
+SAFETY: tuple[Invariant, ...] = (
+    Invariant("bad_input_rejected", "safety", bad_input_rejected),
+    Invariant("atomic_failure", "safety", atomic_failure),
+    Invariant("no_active_eviction", "safety", no_active_eviction),
+    Invariant("share_without_duplication", "safety", share_without_duplication),
+    Invariant("tail_rounding", "safety", tail_rounding),
+    Invariant("cache_index_consistency", "safety", cache_index_consistency),
+    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
+    Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
+    Invariant("capacity_conservation", "safety", capacity_conservation),
+)
