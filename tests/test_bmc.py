@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,35 @@ def test_cli_bmc_exit_codes_and_replayable_case(tmp_path: Path, capsys: pytest.C
     assert replay_ops(ReferencePagedAdapter(), case.config, case.ops) is None
     assert _kvspec("bmc", "--blocks", "3", "--variant", "no_such_module:X") == 2
     assert _kvspec("bmc", "--blocks", "6", "--requests", "3", "--depth", "30", "--time-limit", "1", "--quiet") == 2
+
+
+def test_cli_bmc_and_prove_write_the_kits_report(tmp_path: Path) -> None:
+    """bmc and prove end in the same report as every check: held rows, a violated row with its case, exit codes."""
+    held, junit = tmp_path / "held.json", tmp_path / "held.xml"
+    assert _kvspec("bmc", "--blocks", "3", "--depth", "2", "--quiet", "--report", str(held), "--junit", str(junit)) == 0
+    data = json.loads(held.read_text())
+    assert data["status"] == "passed" and data["formal"]["depth_reached"] == 2
+    assert {r["verdict"] for r in data["invariants"]} == {"held"}
+    assert all(r["checked_steps"] == 2 for r in data["invariants"])
+    assert ET.parse(junit).getroot().get("failures") == "0"
+
+    broken = tmp_path / "broken.json"
+    argv = ["bmc", "--blocks", "3", "--depth", "4", "--variant", "symbolic_bugs:ShareCopies"]
+    assert _kvspec(*argv, "--quiet", "--cases-dir", str(tmp_path), "--report", str(broken)) == 1
+    data = json.loads(broken.read_text())
+    rows = {r["name"]: r for r in data["invariants"]}
+    assert data["status"] == "violated" and data["formal"]["variant"] == "symbolic_bugs:ShareCopies"
+    assert rows["share_without_duplication"]["verdict"] == "violated"
+    assert rows["share_without_duplication"]["first_violation"]["ops"]
+    assert [Path(p).exists() for p in data["cases"]] == [True]
+
+    only = tmp_path / "only.json"
+    assert _kvspec("bmc", "--blocks", "3", "--depth", "1", "--invariant", "tail_rounding", "--report", str(only)) == 0
+    verdicts = {r["name"]: r["verdict"] for r in json.loads(only.read_text())["invariants"]}
+    assert verdicts.pop("tail_rounding") == "held" and set(verdicts.values()) == {"unknown"}
+
+    proved = tmp_path / "proved.json"
+    assert _kvspec("prove", "--blocks", "3", "--invariant", "tail_rounding", "--report", str(proved)) == 0
+    data = json.loads(proved.read_text())
+    assert data["status"] == "passed" and data["profile"] == "prove"
+    assert {r["name"] for r in data["invariants"]} >= {"tail_rounding", "capacity_conservation_every_n"}

@@ -7,10 +7,11 @@ could not decide within its limits (never read that as a pass).
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvspec.report import ExitCode
+from kvspec.report import ExitCode, now
 
 from .common import fail
 
@@ -24,6 +25,11 @@ def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:
     parser.add_argument("--block-size", type=int, default=2, help="tokens per block B (default 2)")
     parser.add_argument("--alphabet", type=int, default=2, help="token ids 0..A-1 (default 2)")
     parser.add_argument("--max-append", type=int, default=0, help="tokens per append (default B + 1)")
+
+
+def _report_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--report", type=Path, default=None, help="write the JSON report (as kvspec check) here")
+    parser.add_argument("--junit", type=Path, default=None, help="write JUnit XML here")
 
 
 def register(subparsers: Any) -> None:
@@ -43,6 +49,7 @@ def register(subparsers: Any) -> None:
     bmc.add_argument("--lemmas", action="store_true", help="assume the auxiliary invariants proved inductive")
     bmc.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     bmc.add_argument("--quiet", action="store_true", help="no per-depth progress lines")
+    _report_args(bmc)
     bmc.set_defaults(handler=cmd_bmc)
 
     prove = subparsers.add_parser("prove", help="prove the invariants by k-induction (and the score properties)")
@@ -50,6 +57,7 @@ def register(subparsers: Any) -> None:
     prove.add_argument("--max-k", type=int, default=2, help="try plain k-induction up to this k (default 2)")
     prove.add_argument("--invariant", action="append", default=None, help="prove only this invariant (repeatable)")
     prove.add_argument("--time-limit", type=float, default=None, help="give up after this many seconds")
+    _report_args(prove)
     prove.set_defaults(handler=cmd_prove)
 
     scen = subparsers.add_parser("scenarios", help="find the shortest op sequence to each coverage goal")
@@ -91,7 +99,9 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     from kvspec.case import Case
     from kvspec.spec.bmc import bmc
     from kvspec.spec.symbolic_invariants import SAFETY
+    from kvspec.stateful_tests.formal import bmc_report
 
+    started = now()
     try:
         bounds = _bounds(args)
         variant = _variant(args.variant) if args.variant else None
@@ -115,13 +125,15 @@ def cmd_bmc(args: argparse.Namespace) -> int:
         print(f"  (assumed {len(lem.conjuncts)} auxiliary conjuncts, proved inductive first in {lem.seconds:.1f} s)")
     cex = result.counterexample
     if cex is None:
+        report = bmc_report(result, started_at=started, invariants=args.invariant, variant=args.variant)
+        report.write(args.report, args.junit)
         if not result.complete:
             print(
                 f"holds up to {result.depth} (of {args.depth} requested) in {result.seconds:.1f} s: time limit reached"
             )
-            return ExitCode.COULD_NOT_RUN
+            return report.exit_code
         print(f"holds up to {result.depth} ({result.seconds:.1f} s)")
-        return ExitCode.HELD
+        return report.exit_code
     first = next(n for n in SAFETY if n in cex.invariants)
     print(f"COUNTEREXAMPLE at depth {len(cex.ops)} ({result.seconds:.1f} s): {', '.join(cex.invariants)}")
     for i, op in enumerate(cex.ops):
@@ -136,7 +148,9 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     }
     path = Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)
     print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
-    return ExitCode.VIOLATED
+    report = bmc_report(result, started_at=started, invariants=args.invariant, variant=args.variant, cases=[str(path)])
+    report.write(args.report, args.junit)
+    return report.exit_code
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
@@ -144,7 +158,9 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvspec.spec.parametric import check_refinement, prove_every_n
     from kvspec.spec.score_proofs import check_score, spec_score
     from kvspec.spec.symbolic_invariants import AUXILIARY
+    from kvspec.stateful_tests.formal import prove_report
 
+    started, t0 = now(), time.monotonic()
     try:
         bounds = _bounds(args)
 
@@ -177,10 +193,11 @@ def cmd_prove(args: argparse.Namespace) -> int:
     print("retention score, for all reals:")
     for r in scores:
         print(f"  {r.prop:<30} {'proved' if r.proved else 'COUNTEREXAMPLE ' + str(r.counterexample)}")
-    if any(p.counterexample is not None for p in proofs) or any(r.counterexample for r in scores):
-        return ExitCode.VIOLATED
-    ok = all(p.proved for p in proofs) and aux.proved and every.proved and refinement.holds
-    return ExitCode.HELD if ok and all(r.proved for r in scores) else ExitCode.COULD_NOT_RUN
+    report = prove_report(
+        bounds, aux, proofs, every, refinement, scores, started_at=started, seconds=time.monotonic() - t0
+    )
+    report.write(args.report, args.junit)
+    return report.exit_code
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
