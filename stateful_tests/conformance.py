@@ -189,21 +189,9 @@ def run_check(
         if progress is not None:
             machine = _with_progress(machine, tally, progress)
         machine = _with_quality(machine, quality)
-        run_settings = settings(
-            max_examples=max_examples or profile.max_examples,
-            stateful_step_count=profile.step_count,
-            derandomize=profile.derandomize and seed is None,
-            database=None,
-            deadline=None,
-            verbosity=Verbosity.quiet,
-            report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck),
-            # The explain phase costs several times the shrink itself on stateful tests.
-            phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
-        )
         if seed is not None:
             machine = hypothesis.seed(seed)(machine)
-        run_state_machine_as_test(machine, settings=run_settings)
+        run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
     except Violation as violation:
         config, ops, final = tally.last_failure or (Config(), [], violation)
         _record_failure(result, factory, config, ops, final, cases_dir, name, refine)
@@ -214,15 +202,7 @@ def run_check(
             config, ops, seen = tally.last_failure
             result.cases.append(str(_case(name, config, ops, seen).save(cases_dir)))
     except AdapterHung as hung:
-        result.status = "violated"
-        tally.first_violation.setdefault(
-            ADAPTER_CONTRACT, {"step": hung.step, "op": hung.op.to_json(), "problems": [str(hung)]}
-        )
-        result.findings.append({"kind": ADAPTER_CONTRACT, "message": str(hung)})
-        config, ops = tally.hung or (Config(), [hung.op])
-        result.failure_ops, result.failure_config = ops, config
-        case = Case(name, config, ops, {"invariant": ADAPTER_CONTRACT, "step": hung.step, "problems": [str(hung)]})
-        result.cases.append(str(case.save(cases_dir)))
+        _record_hang(result, hung, cases_dir)
     except KeyboardInterrupt:
         result.status = "interrupted"
         result.error = "interrupted"
@@ -240,6 +220,37 @@ def run_check(
                 result.findings.append({"kind": "close", "message": f"adapter.close() raised {exc!r}"})
         result.duration_s = time.perf_counter() - t0
     return result
+
+
+def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> settings:
+    """Hypothesis settings of one run: no database, no deadline (the step timeout is ours), quiet."""
+    return settings(
+        max_examples=max_examples or profile.max_examples,
+        stateful_step_count=profile.step_count,
+        derandomize=profile.derandomize and seed is None,
+        database=None,
+        deadline=None,
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+        # The explain phase costs several times the shrink itself on stateful tests.
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
+    )
+
+
+def _record_hang(result: Result, hung: AdapterHung, cases_dir: Path) -> None:
+    """A step that did not return: an adapter_contract violation, its ops saved as a case (no shrinking)."""
+    result.status = "violated"
+    result.tally.first_violation.setdefault(
+        ADAPTER_CONTRACT, {"step": hung.step, "op": hung.op.to_json(), "problems": [str(hung)]}
+    )
+    result.findings.append({"kind": ADAPTER_CONTRACT, "message": str(hung)})
+    config, ops = result.tally.hung or (Config(), [hung.op])
+    result.failure_ops, result.failure_config = ops, config
+    case = Case(
+        result.adapter, config, ops, {"invariant": ADAPTER_CONTRACT, "step": hung.step, "problems": [str(hung)]}
+    )
+    result.cases.append(str(case.save(cases_dir)))
 
 
 def _case(name: str, config: Config, ops: Sequence[Op], violation: Violation) -> Case:

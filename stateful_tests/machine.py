@@ -8,12 +8,14 @@ or preempted is read from the adapter's own observation, never guessed.
 from __future__ import annotations
 
 import concurrent.futures
+from typing import ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvspec.adapters.base import Adapter
 from kvspec.spec import Config, Op
+from kvspec.spec.ops import OpKind
 
 from .harness import Harness, Tally
 from .strategies import (
@@ -48,6 +50,140 @@ def max_prompt_tokens(config: Config, granularity: str) -> int:
     return config.capacity * config.block_size
 
 
+class KVLifecycle(RuleBasedStateMachine):
+    """The operations of the lifecycle as rules; one example is one fresh pool driven by them.
+
+    :func:`build_machine` binds it to one adapter: a subclass whose ``start`` builds the
+    example's :class:`Harness` on a pool drawn from the adapter's capabilities.
+    """
+
+    ops: ClassVar[frozenset[OpKind]]
+    harness: Harness
+    max_tokens: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next_id = 0
+        self.history: list[tuple[int, ...]] = []
+        self.templates: list[tuple[int, ...]] = []
+
+    def _requests(self, state: str) -> list[str]:
+        return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
+
+    def _step(self, op: Op) -> None:
+        self.harness.step(op)
+
+    def _admit(self, prompt: tuple[int, ...]) -> None:
+        prompt = prompt[: self.max_tokens]
+        req = f"r{self.next_id}"
+        self.next_id += 1
+        self.history.append(prompt)
+        self._step(Op("admit", req, prompt))
+
+    @rule(data=st.data())
+    def admit_family(self, data: st.DataObject) -> None:
+        self._admit(family_prompt(data, self.templates, self.harness.config))
+
+    @precondition(lambda self: bool(self.history))
+    @rule(data=st.data())
+    def admit_fork(self, data: st.DataObject) -> None:
+        self._admit(fork_prompt(data, self.history, self.harness.config))
+
+    @precondition(lambda self: bool(self.history))
+    @rule(data=st.data())
+    def admit_repeat(self, data: st.DataObject) -> None:
+        """The same prompt again (a retry, a popular question): whole-prompt sharing and the hit cap."""
+        self._admit(self.history[pick(data, self.history, "conversation")])
+
+    @rule(data=st.data())
+    def admit_cold(self, data: st.DataObject) -> None:
+        self._admit(cold_prompt(data, self.next_id, self.harness.config))
+
+    @rule(data=st.data())
+    def admit_long(self, data: st.DataObject) -> None:
+        self._admit(long_prompt(data, self.templates, self.max_tokens))
+
+    @precondition(
+        lambda self: "append" in self.ops and any(r.state == "running" for r in self.harness.obs.requests.values())
+    )
+    @rule(data=st.data())
+    def decode(self, data: st.DataObject) -> None:
+        running = self._requests("running")
+        self._append(running[pick(data, running, "req")], (data.draw(ALPHABET, label="token"),))
+
+    @precondition(
+        lambda self: "append" in self.ops and any(r.state == "running" for r in self.harness.obs.requests.values())
+    )
+    @rule(data=st.data())
+    def append_chunk(self, data: st.DataObject) -> None:
+        running = self._requests("running")
+        new = data.draw(tokens(1, 2 * self.harness.config.block_size), label="tokens")
+        self._append(running[pick(data, running, "req")], new)
+
+    def _append(self, req: str, new: tuple[int, ...]) -> None:
+        self._step(Op("append", req, new))
+        request = self.harness.obs.requests.get(req)
+        if request is not None:
+            self.history.append(request.tokens)
+
+    @precondition(lambda self: "release" in self.ops and bool(self.harness.obs.requests))
+    @rule()
+    def finish_oldest(self) -> None:
+        """The longest-lived request completes and its prefix stays cached: churn, as in a server."""
+        oldest = min(self.harness.obs.requests, key=lambda r: int(r[1:]) if r[1:].isdigit() else -1)
+        self._step(Op("release", oldest))
+
+    @precondition(lambda self: "release" in self.ops and bool(self.harness.obs.requests))
+    @rule(data=st.data(), keep=st.booleans())
+    def release(self, data: st.DataObject, keep: bool) -> None:
+        live = sorted(self.harness.obs.requests)
+        self._step(Op("release", live[pick(data, live, "req")], keep=keep))
+
+    @precondition(
+        lambda self: "preempt" in self.ops and any(r.state == "running" for r in self.harness.obs.requests.values())
+    )
+    @rule(data=st.data())
+    def preempt(self, data: st.DataObject) -> None:
+        running = self._requests("running")
+        self._step(Op("preempt", running[pick(data, running, "req")]))
+
+    @precondition(
+        lambda self: "resume" in self.ops and any(r.state == "preempted" for r in self.harness.obs.requests.values())
+    )
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        waiting = self._requests("preempted")
+        self._step(Op("resume", waiting[pick(data, waiting, "req")]))
+
+    @precondition(lambda self: "reset_cache" in self.ops and bool(self.harness.obs.objects))
+    @rule()
+    def reset_cache(self) -> None:
+        self._step(Op("reset_cache"))
+
+    @rule(data=st.data())
+    def bad_input(self, data: st.DataObject) -> None:
+        """Inputs the spec defines as errors: each must be rejected and change nothing."""
+        # The kind is drawn from a fixed list, so that shrinking away earlier steps never
+        # turns one kind of bad input into another.
+        kind = BAD_INPUTS[pick(data, BAD_INPUTS, "bad_input")]
+        live = sorted(self.harness.obs.requests)
+        gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
+        op = Op("release", "ghost")
+        if kind == "empty_prompt":
+            op = Op("admit", f"r{self.next_id}", ())
+        elif kind == "larger_than_pool":
+            op = Op("admit", f"r{self.next_id}", (0,) * (self.max_tokens + 1))
+        elif kind == "append_to_unknown" and "append" in self.ops:
+            op = Op("append", "ghost", (1,))
+        elif kind == "admit_existing" and live:
+            op = Op("admit", live[pick(data, live, "req")], (1,))
+        elif kind == "append_nothing" and live and "append" in self.ops:
+            op = Op("append", live[pick(data, live, "req")], ())
+        elif kind == "release_released" and gone and "release" in self.ops:
+            op = Op("release", gone[pick(data, gone, "released")])
+        self._step(op)
+
+
 def build_machine(
     adapter: Adapter,
     tally: Tally,
@@ -56,20 +192,13 @@ def build_machine(
     step_timeout: float | None = None,
     executor: concurrent.futures.ThreadPoolExecutor | None = None,
     refine: bool = True,
-) -> type[RuleBasedStateMachine]:
-    """A state machine class bound to one adapter instance, reset at the start of each example."""
+) -> type[KVLifecycle]:
+    """The machine bound to one adapter instance, reset at the start of each example."""
     caps = adapter.capabilities
-    ops = caps.ops
     granularity = caps.semantics.granularity
 
-    class KVLifecycle(RuleBasedStateMachine):
-        harness: Harness
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.next_id = 0
-            self.history: list[tuple[int, ...]] = []
-            self.templates: list[tuple[int, ...]] = []
+    class Bound(KVLifecycle):
+        ops = caps.ops
 
         @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())
         def start(self, config: Config, data: st.DataObject) -> None:
@@ -77,121 +206,5 @@ def build_machine(
             self.templates = data.draw(families(config.block_size), label="templates")
             self.max_tokens = max_prompt_tokens(config, granularity)
 
-        def _requests(self, state: str) -> list[str]:
-            return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
-
-        def _step(self, op: Op) -> None:
-            self.harness.step(op)
-
-        def _admit(self, prompt: tuple[int, ...]) -> None:
-            prompt = prompt[: self.max_tokens]
-            req = f"r{self.next_id}"
-            self.next_id += 1
-            self.history.append(prompt)
-            self._step(Op("admit", req, prompt))
-
-        @rule(data=st.data())
-        def admit_family(self, data: st.DataObject) -> None:
-            self._admit(family_prompt(data, self.templates, self.harness.config))
-
-        @precondition(lambda self: bool(self.history))
-        @rule(data=st.data())
-        def admit_fork(self, data: st.DataObject) -> None:
-            self._admit(fork_prompt(data, self.history, self.harness.config))
-
-        @precondition(lambda self: bool(self.history))
-        @rule(data=st.data())
-        def admit_repeat(self, data: st.DataObject) -> None:
-            """The same prompt again (a retry, a popular question): whole-prompt sharing and the hit cap."""
-            self._admit(self.history[pick(data, self.history, "conversation")])
-
-        @rule(data=st.data())
-        def admit_cold(self, data: st.DataObject) -> None:
-            self._admit(cold_prompt(data, self.next_id, self.harness.config))
-
-        @rule(data=st.data())
-        def admit_long(self, data: st.DataObject) -> None:
-            self._admit(long_prompt(data, self.templates, self.max_tokens))
-
-        @precondition(
-            lambda self: "append" in ops and any(r.state == "running" for r in self.harness.obs.requests.values())
-        )
-        @rule(data=st.data())
-        def decode(self, data: st.DataObject) -> None:
-            running = self._requests("running")
-            self._append(running[pick(data, running, "req")], (data.draw(ALPHABET, label="token"),))
-
-        @precondition(
-            lambda self: "append" in ops and any(r.state == "running" for r in self.harness.obs.requests.values())
-        )
-        @rule(data=st.data())
-        def append_chunk(self, data: st.DataObject) -> None:
-            running = self._requests("running")
-            new = data.draw(tokens(1, 2 * self.harness.config.block_size), label="tokens")
-            self._append(running[pick(data, running, "req")], new)
-
-        def _append(self, req: str, new: tuple[int, ...]) -> None:
-            self._step(Op("append", req, new))
-            request = self.harness.obs.requests.get(req)
-            if request is not None:
-                self.history.append(request.tokens)
-
-        @precondition(lambda self: "release" in ops and bool(self.harness.obs.requests))
-        @rule()
-        def finish_oldest(self) -> None:
-            """The longest-lived request completes and its prefix stays cached: churn, as in a server."""
-            oldest = min(self.harness.obs.requests, key=lambda r: int(r[1:]) if r[1:].isdigit() else -1)
-            self._step(Op("release", oldest))
-
-        @precondition(lambda self: "release" in ops and bool(self.harness.obs.requests))
-        @rule(data=st.data(), keep=st.booleans())
-        def release(self, data: st.DataObject, keep: bool) -> None:
-            live = sorted(self.harness.obs.requests)
-            self._step(Op("release", live[pick(data, live, "req")], keep=keep))
-
-        @precondition(
-            lambda self: "preempt" in ops and any(r.state == "running" for r in self.harness.obs.requests.values())
-        )
-        @rule(data=st.data())
-        def preempt(self, data: st.DataObject) -> None:
-            running = self._requests("running")
-            self._step(Op("preempt", running[pick(data, running, "req")]))
-
-        @precondition(
-            lambda self: "resume" in ops and any(r.state == "preempted" for r in self.harness.obs.requests.values())
-        )
-        @rule(data=st.data())
-        def resume(self, data: st.DataObject) -> None:
-            waiting = self._requests("preempted")
-            self._step(Op("resume", waiting[pick(data, waiting, "req")]))
-
-        @precondition(lambda self: "reset_cache" in ops and bool(self.harness.obs.objects))
-        @rule()
-        def reset_cache(self) -> None:
-            self._step(Op("reset_cache"))
-
-        @rule(data=st.data())
-        def bad_input(self, data: st.DataObject) -> None:
-            """Inputs the spec defines as errors: each must be rejected and change nothing."""
-            # The kind is drawn from a fixed list, so that shrinking away earlier steps never
-            # turns one kind of bad input into another.
-            kind = BAD_INPUTS[pick(data, BAD_INPUTS, "bad_input")]
-            live = sorted(self.harness.obs.requests)
-            gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
-            op = Op("release", "ghost")
-            if kind == "empty_prompt":
-                op = Op("admit", f"r{self.next_id}", ())
-            elif kind == "larger_than_pool":
-                op = Op("admit", f"r{self.next_id}", (0,) * (self.max_tokens + 1))
-            elif kind == "append_to_unknown" and "append" in ops:
-                op = Op("append", "ghost", (1,))
-            elif kind == "admit_existing" and live:
-                op = Op("admit", live[pick(data, live, "req")], (1,))
-            elif kind == "append_nothing" and live and "append" in ops:
-                op = Op("append", live[pick(data, live, "req")], ())
-            elif kind == "release_released" and gone and "release" in ops:
-                op = Op("release", gone[pick(data, gone, "released")])
-            self._step(op)
-
-    KVLifecycle.__name__ = f"KVLifecycle[{adapter.name}]"
-    return KVLifecycle
+    Bound.__name__ = f"KVLifecycle[{adapter.name}]"
+    return Bound
