@@ -1,0 +1,88 @@
+"""Strict JSON in and atomic JSON out: the one way the kit reads and writes its files.
+
+Reading: only what RFC 8259 calls JSON. ``NaN``, ``Infinity`` and ``-Infinity`` (which
+Python's json accepts by default) are rejected, and a document nested too deeply for the
+parser is a ``ValueError`` like any other malformed input, never a ``RecursionError``.
+
+Writing: the text goes to a temporary file in the target's folder and is renamed over the
+target, so a reader never sees half a file and two writers of one path never interleave
+(the last rename wins, whole). :func:`ensure_writable` checks a path before a run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads(text: str | bytes) -> Any:
+    """The JSON value of ``text``; ValueError (one line) for anything that is not strict JSON."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError("not JSON the kit reads: nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
+
+
+def load(path: Path) -> Any:
+    """The JSON value in the file at ``path``; OSError when it cannot be read, ValueError when it is not JSON."""
+    return loads(path.read_bytes())
+
+
+def finite(value: Any) -> bool:
+    """Whether every number in ``value`` is finite (strict JSON can carry no NaN or Infinity)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(finite(v) for v in value)
+    return True
+
+
+def dumps(value: Any, indent: int | None = 2) -> str:
+    """Strict JSON text of ``value`` (ValueError on NaN or Infinity), newline-terminated."""
+    return json.dumps(value, indent=indent, allow_nan=False) + "\n"
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file beside it, then a rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write(path: Path, value: Any, indent: int | None = 2) -> None:
+    """Write ``value`` as strict JSON to ``path``, atomically."""
+    write_text(path, dumps(value, indent))
+
+
+def ensure_writable(path: Path) -> None:
+    """Raise OSError (with the reason) unless a file can be created at ``path``: checked before a run starts."""
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+    os.close(fd)
+    os.unlink(tmp)
+
+
+__all__ = ["dumps", "ensure_writable", "finite", "load", "loads", "write", "write_text"]
