@@ -34,6 +34,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvspec-max-examples", type=int, default=None, help="random op sequences per adapter")
     group.addoption("--kvspec-seed", type=int, default=None, help="random seed")
     group.addoption(
+        "--kvspec-step-timeout", type=float, default=30.0, help="seconds before an adapter call counts as hung"
+    )
+    group.addoption(
         "--kvspec-vllm-url", default=None, help="vllm_live_server: use this running server, not the kit's tiny one"
     )
     group.addoption("--kvspec-vllm-events", default=None, help="vllm_live_server: its KV event PUB endpoint")
@@ -76,6 +79,7 @@ def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path
         seed=config.getoption("--kvspec-seed"),
         max_examples=config.getoption("--kvspec-max-examples"),
         cases_dir=cases_dir,
+        step_timeout=config.getoption("--kvspec-step-timeout"),
         scenarios=False,
         live=LiveTarget(
             url=config.getoption("--kvspec-vllm-url"),

@@ -6,7 +6,6 @@ adapter before it is reported; one that does not reproduce is reported as flaky.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.base import Adapter
+from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report, Status, now, rows
 from kvspec.spec import INVARIANTS, Config, Op
@@ -138,8 +138,8 @@ def replay_ops(
     adapter: Adapter, config: Config, ops: Sequence[Op], tally: Tally | None = None, *, refine: bool = True
 ) -> Violation | None:
     """Run ``ops`` on a fresh pool; the first violation, or None when every invariant held."""
-    harness = Harness(adapter, config, tally, refine=refine)
     try:
+        harness = Harness(adapter, config, tally, refine=refine)
         for op in ops:
             harness.step(op)
     except Violation as violation:
@@ -160,32 +160,33 @@ def run_check(
     extra_cases: Sequence[Case] = (),
     refine: bool = True,
     adapter: Adapter | None = None,
+    isolate: bool = True,
 ) -> Result:
     """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
 
     refine=False checks the safety invariants only, even for adapters that declare
-    exact semantics. ``adapter``: a first instance already built by ``factory`` (the
-    dispatch builds one to read its capabilities); fresh ones come from ``factory``.
+    exact semantics. ``isolate`` (default): every adapter runs in its own child process,
+    each call under ``step_timeout`` (adapters/isolation.py); False runs it in this process
+    (a debugger sees it; a hang is not cut off). ``adapter``: a first instance already
+    built (the dispatch builds one to read its capabilities); fresh ones come from ``factory``.
     """
     t0 = time.perf_counter()
     tally = Tally()
     quality = PolicyQuality()
     result = Result(name, "", profile.name, seed, now(), tally)
-    executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvspec-adapter")
+    make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
     try:
         if adapter is None:
-            adapter = factory()
+            adapter = make()
         result.adapter_version = adapter.capabilities.version
         result.applicable = applicable_invariants(adapter, refine)
         result.given_cases = len(extra_cases)
         for case in extra_cases:
             violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
             if violation is not None:
-                _record_failure(result, factory, case.config, case.ops, violation, cases_dir, name, refine)
+                _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
                 return result
-        machine = build_machine(
-            adapter, tally, profile.ranges, step_timeout=step_timeout, executor=executor, refine=refine
-        )
+        machine = build_machine(adapter, tally, profile.ranges, refine=refine)
         if progress is not None:
             machine = _with_progress(machine, tally, progress)
         machine = _with_quality(machine, quality)
@@ -194,7 +195,7 @@ def run_check(
         run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
     except Violation as violation:
         config, ops, final = tally.last_failure or (Config(), [], violation)
-        _record_failure(result, factory, config, ops, final, cases_dir, name, refine)
+        _record_failure(result, make, config, ops, final, cases_dir, name, refine)
     except Flaky as exc:
         result.status = "violated"
         result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
@@ -212,7 +213,6 @@ def run_check(
     finally:
         if quality.steps and adapter is not None:
             result.findings.append(_quality_finding(adapter, quality))
-        executor.shutdown(wait=False, cancel_futures=True)
         if adapter is not None:
             try:
                 adapter.close()
@@ -220,6 +220,10 @@ def run_check(
                 result.findings.append({"kind": "close", "message": f"adapter.close() raised {exc!r}"})
         result.duration_s = time.perf_counter() - t0
     return result
+
+
+def _op_json(op: Op | None) -> dict[str, Any] | None:
+    return None if op is None else op.to_json()
 
 
 def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> settings:
@@ -242,10 +246,10 @@ def _record_hang(result: Result, hung: AdapterHung, cases_dir: Path) -> None:
     """A step that did not return: an adapter_contract violation, its ops saved as a case (no shrinking)."""
     result.status = "violated"
     result.tally.first_violation.setdefault(
-        ADAPTER_CONTRACT, {"step": hung.step, "op": hung.op.to_json(), "problems": [str(hung)]}
+        ADAPTER_CONTRACT, {"step": hung.step, "op": _op_json(hung.op), "problems": [str(hung)]}
     )
     result.findings.append({"kind": ADAPTER_CONTRACT, "message": str(hung)})
-    config, ops = result.tally.hung or (Config(), [hung.op])
+    config, ops = result.tally.hung or (Config(), [] if hung.op is None else [hung.op])
     result.failure_ops, result.failure_config = ops, config
     case = Case(
         result.adapter, config, ops, {"invariant": ADAPTER_CONTRACT, "step": hung.step, "problems": [str(hung)]}
@@ -299,7 +303,7 @@ def _record_failure(
     for inv, problems in violation.failures.items():
         result.tally.first_violation[inv] = {
             "step": violation.step,
-            "op": violation.op.to_json(),
+            "op": _op_json(violation.op),
             "problems": problems[:5],
         }
         kind = next((i.kind for i in INVARIANTS if i.name == inv), "adapter")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import cast
 
 from kvspec.adapters import AdapterFactory
+from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
 from kvspec.report import Report, Status, now
 
 from .conformance import PROFILES, Result, run_check
@@ -47,6 +48,7 @@ class Options:
     refine: bool = True
     scenarios: bool = True
     quiet: bool = True
+    isolate: bool = True  # each adapter in its own child process, every call under step_timeout
     live: LiveTarget = field(default_factory=LiveTarget)
 
 
@@ -54,12 +56,15 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
     """Build the adapter, read its capabilities, run the suite that fits it; the report, whatever happened."""
     profile = PROFILES[options.profile]
     try:
-        adapter = factory()
+        adapter = IsolatedAdapter(factory, options.step_timeout) if options.isolate else factory()
         live = adapter.capabilities.live
+        if live:  # a live adapter drives a server from this process: it is built here, not in a child
+            adapter.close()
+            adapter = factory()
     except KeyboardInterrupt:
         return _not_started(name, options, "interrupted", "interrupted")
     except Exception as exc:  # the adapter could not be built: the check could not run
-        return _not_started(name, options, "error", f"{type(exc).__name__}: {exc}")
+        return _not_started(name, options, "error", f"the adapter could not start: {_reason(exc)}")
     if live:
         from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
 
@@ -94,7 +99,13 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         refine=options.refine,
         extra_cases=extra,
         adapter=adapter,
+        isolate=options.isolate,
     ).report()
+
+
+def _reason(exc: Exception) -> str:
+    kind = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
+    return f"{kind}: {exc}"
 
 
 def _not_started(name: str, options: Options, status: Status, error: str) -> Report:

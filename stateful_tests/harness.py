@@ -7,34 +7,40 @@ semantics), apply to the adapter, observe, and check the transition.
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from kvspec.adapters.base import Adapter
+from kvspec.adapters.isolation import CallTimeout, ChildDied, IsolatedAdapter, RemoteError
 from kvspec.spec import (
     INVARIANT_NAMES,
     Config,
     Event,
     KeyMemory,
     LedgerModel,
+    ObjectView,
     Observation,
     Op,
     Outcome,
+    RequestView,
     Transition,
     check_transition,
 )
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 
+START = "starting the example (reset, events, observe)"
+"""What a violation names as its op when the adapter broke before the first op."""
+
 
 class Violation(AssertionError):
-    """An invariant broke at ``step`` (0-based) on ``op``. ``failures``: invariant -> problems."""
+    """An invariant broke at ``step`` (0-based) on ``op`` (None: at the start). ``failures``: invariant -> problems."""
 
-    def __init__(self, step: int, op: Op, failures: dict[str, list[str]]) -> None:
+    def __init__(self, step: int, op: Op | None, failures: dict[str, list[str]]) -> None:
         self.step, self.op, self.failures = step, op, failures
         self.invariant = next(n for n in INVARIANT_NAMES if n in failures)
-        lines = [f"step {step}: {op}"]
+        lines = [f"step {step}: {op if op is not None else START}"]
         for name, problems in failures.items():
             lines += [f"  {name}: {p}" for p in problems[:3]]
         super().__init__("\n".join(lines))
@@ -43,9 +49,10 @@ class Violation(AssertionError):
 class AdapterHung(BaseException):
     """The adapter did not answer within the step timeout. BaseException: no retry, no shrinking."""
 
-    def __init__(self, step: int, op: Op, timeout: float) -> None:
+    def __init__(self, step: int, op: Op | None, timeout: float | None) -> None:
         self.step, self.op, self.timeout = step, op, timeout
-        super().__init__(f"step {step}: {op} did not return within {timeout:g} s")
+        limit = "its timeout" if timeout is None else f"{timeout:g} s"
+        super().__init__(f"step {step}: {op if op is not None else START} did not return within {limit}")
 
 
 @dataclass
@@ -65,29 +72,43 @@ class Tally:
 class Harness:
     """One example: a fresh pool of ``config`` and the ops applied to it so far."""
 
-    def __init__(
-        self,
-        adapter: Adapter,
-        config: Config,
-        tally: Tally | None = None,
-        *,
-        step_timeout: float | None = None,
-        executor: concurrent.futures.ThreadPoolExecutor | None = None,
-        refine: bool = True,
-    ) -> None:
+    def __init__(self, adapter: Adapter, config: Config, tally: Tally | None = None, *, refine: bool = True) -> None:
         self.adapter, self.config = adapter, config
         self.tally = tally if tally is not None else Tally()
         self.semantics = adapter.capabilities.semantics
-        self.step_timeout, self.executor = step_timeout, executor
         self.ops: list[Op] = []
         self.memory = KeyMemory()
-        adapter.reset(config)
-        adapter.events()  # drop anything left from before the reset
-        self.model = LedgerModel(config, self.semantics) if self.semantics.exact and refine else None
-        self.obs = adapter.observe()
         self.tally.examples += 1
+        self.model = LedgerModel(config, self.semantics) if self.semantics.exact and refine else None
+        self.obs = self._start()
 
-    def _run(self, op: Op) -> tuple[object, list[Event], Observation]:
+    def _start(self) -> Observation:
+        """Reset the adapter, drop what it held from before, take its first observation.
+
+        Whatever goes wrong here breaks the adapter contract at step 0, before any op.
+        """
+        try:
+            self.adapter.reset(self.config)
+            events = self.adapter.events()  # drop anything left from before the reset
+            obs = self.adapter.observe()
+        except CallTimeout:
+            self.tally.hung = (self.config, [])
+            raise AdapterHung(0, None, self._timeout) from None
+        except Exception as exc:
+            self._fail(0, None, {ADAPTER_CONTRACT: [f"{START} {_raised(exc)}"]})
+        problems = malformed(Outcome.ok(), events, obs)
+        if problems:
+            self._fail(0, None, {ADAPTER_CONTRACT: [f"{START}: {p}" for p in problems]})
+        return obs
+
+    @property
+    def _timeout(self) -> float | None:
+        return self.adapter.timeout if isinstance(self.adapter, IsolatedAdapter) else None
+
+    def _run(self, op: Op) -> tuple[object, object, object]:
+        """The adapter's answers to ``op``: its outcome, its events, its observation (unchecked: user code)."""
+        if isinstance(self.adapter, IsolatedAdapter):
+            return self.adapter.step(op)
         return self.adapter.apply(op), self.adapter.events(), self.adapter.observe()
 
     def step(self, op: Op) -> Outcome:
@@ -96,26 +117,24 @@ class Harness:
         self.ops.append(op)
         predicted = self.model.step(op) if self.model is not None else None
         try:
-            if self.executor is not None and self.step_timeout:
-                future = self.executor.submit(self._run, op)
-                try:
-                    raw, events, after = future.result(timeout=self.step_timeout)
-                except concurrent.futures.TimeoutError:
-                    self.tally.hung = (self.config, list(self.ops))
-                    raise AdapterHung(index, op, self.step_timeout) from None
-            else:
-                raw, events, after = self._run(op)
-        except AdapterHung:
-            raise
+            raw, events, after = self._run(op)
+        except CallTimeout:
+            self.tally.hung = (self.config, list(self.ops))
+            raise AdapterHung(index, op, self._timeout) from None
         except Exception as exc:
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} raised {type(exc).__name__}: {exc}"]})
-        if not isinstance(raw, Outcome):  # adapters are user code
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} returned {raw!r}, not an Outcome"]})
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} {_raised(exc)}"]})
+        problems = malformed(raw, events, after)
+        if problems:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in problems]})
+        assert isinstance(raw, Outcome) and isinstance(events, list) and isinstance(after, Observation)
         outcome = raw
         transition = Transition(
             self.obs, op, outcome, tuple(events), after, self.config, self.semantics, self.memory, predicted
         )
-        results = check_transition(transition)
+        try:
+            results = check_transition(transition)
+        except Exception as exc:  # well-typed, yet the values cannot be judged (an unhashable oid, say)
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"what the adapter showed after {op} cannot be judged: {exc!r}"]})
         self.tally.steps += 1
         self._cover(op, outcome, events)
         self.tally.checked[ADAPTER_CONTRACT] += 1
@@ -140,11 +159,51 @@ class Harness:
         if outcome.hit_tokens:
             cov["prefix_hit"] += 1
 
-    def _fail(self, index: int, op: Op, failures: dict[str, list[str]]) -> NoReturn:
+    def _fail(self, index: int, op: Op | None, failures: dict[str, list[str]]) -> NoReturn:
         violation = Violation(index, op, failures)
         if self.tally.first_failure_at is None:
             self.tally.first_failure_at = (self.tally.examples, self.tally.steps)
+        where = op.to_json() if op is not None else None
         for name, problems in failures.items():
-            self.tally.first_violation.setdefault(name, {"step": index, "op": op.to_json(), "problems": problems[:5]})
+            self.tally.first_violation.setdefault(name, {"step": index, "op": where, "problems": problems[:5]})
         self.tally.last_failure = (self.config, list(self.ops), violation)
         raise violation
+
+
+def _raised(exc: Exception) -> str:
+    """``raised KeyError: 'r3'``, naming the adapter's own exception type when it ran in a child."""
+    kind = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
+    if isinstance(exc, ChildDied):
+        return f"ended the adapter: {exc}"
+    return f"raised {kind}: {exc}"
+
+
+def malformed(outcome: object, events: object, obs: object) -> list[str]:
+    """How the adapter's answers break the contract's types (an Outcome, a list of Events, an Observation)."""
+    problems = []
+    if not isinstance(outcome, Outcome):
+        problems.append(f"returned {outcome!r}, not an Outcome")
+    if not isinstance(events, list) or not all(isinstance(e, Event) for e in events):
+        problems.append(f"events() returned {_short(events)}, not a list of Events")
+    if not isinstance(obs, Observation):
+        return [*problems, f"observe() returned {_short(obs)}, not an Observation"]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (obs.capacity, obs.free)):
+        problems.append(f"capacity {obs.capacity!r} and free {obs.free!r} must be ints")
+    if not isinstance(obs.objects, Mapping) or not all(isinstance(o, ObjectView) for o in obs.objects.values()):
+        problems.append("objects must map oids to ObjectViews")
+    elif not all(
+        isinstance(n, int) and not isinstance(n, bool)
+        for o in obs.objects.values()
+        for n in (o.size, o.tokens, o.ref_count)
+    ):
+        problems.append("an ObjectView's size, tokens and ref_count must be ints")
+    if not isinstance(obs.requests, Mapping) or not all(isinstance(r, RequestView) for r in obs.requests.values()):
+        problems.append("requests must map request ids to RequestViews")
+    if obs.index is not None and not isinstance(obs.index, Mapping):
+        problems.append("index must be a mapping or None")
+    return problems
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -7,7 +7,6 @@ or preempted is read from the adapter's own observation, never guessed.
 
 from __future__ import annotations
 
-import concurrent.futures
 from typing import ClassVar
 
 from hypothesis import strategies as st
@@ -189,8 +188,6 @@ def build_machine(
     tally: Tally,
     ranges: PoolRanges = DEFAULT_RANGES,
     *,
-    step_timeout: float | None = None,
-    executor: concurrent.futures.ThreadPoolExecutor | None = None,
     refine: bool = True,
 ) -> type[KVLifecycle]:
     """The machine bound to one adapter instance, reset at the start of each example."""
@@ -202,7 +199,7 @@ def build_machine(
 
         @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())
         def start(self, config: Config, data: st.DataObject) -> None:
-            self.harness = Harness(adapter, config, tally, step_timeout=step_timeout, executor=executor, refine=refine)
+            self.harness = Harness(adapter, config, tally, refine=refine)
             self.templates = data.draw(families(config.block_size), label="templates")
             self.max_tokens = max_prompt_tokens(config, granularity)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kvspec.adapters.isolation import kill_children, live_children
 from kvspec.report import Report, report_problems
 
 pytest_plugins = ["pytester"]
@@ -26,3 +27,12 @@ def every_report_conforms(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(Report, "__init__", validated)
     yield
+
+
+@pytest.fixture(autouse=True)
+def no_adapter_process_outlives_its_check() -> Iterator[None]:
+    """Every isolated adapter a test starts is closed by the code that started it."""
+    yield
+    leaked = live_children()
+    kill_children()
+    assert leaked == 0, f"{leaked} adapter process(es) left running"

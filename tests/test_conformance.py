@@ -33,22 +33,30 @@ def test_seed_changes_the_examples(tmp_path: Path) -> None:
 class FirstInstanceLeaks(PagedPrefixCache):
     """Leaks a reference on free, but only in pools built by the first adapter instance."""
 
+    def __init__(self, capacity: int, block_size: int, first: bool) -> None:
+        super().__init__(capacity, block_size)
+        self.first = first
+
     def free(self, req_id: str, *, keep_cached: bool = True) -> None:
-        if BuggyOnce.instances == 1 and self.req_blocks.get(req_id):
+        if self.first and self.req_blocks.get(req_id):
             self.req_blocks[req_id][0].ref_cnt += 1
         super().free(req_id, keep_cached=keep_cached)
 
 
 class BuggyOnce(ReferencePagedAdapter):
-    instances = 0
+    """The first instance ever built leaks; later ones do not. Instances are counted in a file: each adapter
+    runs in its own child process, so a class attribute would start from zero in every one."""
+
+    counter: Path
 
     def __init__(self) -> None:
-        type(self).instances += 1
-        super().__init__(lambda c: FirstInstanceLeaks(c.capacity, c.block_size))
+        first = not self.counter.exists()
+        self.counter.touch()
+        super().__init__(lambda c: FirstInstanceLeaks(c.capacity, c.block_size, first))
 
 
 def test_a_failure_that_does_not_replay_is_reported_as_flaky(tmp_path: Path) -> None:
-    BuggyOnce.instances = 0
+    BuggyOnce.counter = tmp_path / "built"
     result = run_check(BuggyOnce, name="buggy-once", profile=PROFILES["ci"], cases_dir=tmp_path, refine=False)
     assert result.exit_code == 1
     assert any(f["kind"] == "flaky" for f in result.findings), result.findings

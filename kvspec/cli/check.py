@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.case import Case
 from kvspec.report import ExitCode
-from kvspec.stateful_tests import PROFILES, LiveTarget, Options, check_adapter, replay_ops
+from kvspec.stateful_tests import PROFILES, AdapterHung, LiveTarget, Options, check_adapter, replay_ops
 from kvspec.stateful_tests.live import MODES
 
 from .common import fail
@@ -42,6 +43,7 @@ def register(sub: Any) -> None:
     replay = sub.add_parser("replay", help="replay a saved case on an adapter")
     replay.add_argument("case", type=Path)
     replay.add_argument("--adapter", default=None, help="adapter to run it on (default: the case's own)")
+    replay.add_argument("--step-timeout", type=float, default=30.0, help="seconds before a step counts as hung")
     replay.set_defaults(handler=cmd_replay)
 
     adapters = sub.add_parser("adapters", help="list the adapters that can be loaded")
@@ -78,11 +80,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return fail(f"cannot read case {args.case}: {exc}")
     name = args.adapter or case.adapter
     try:
-        adapter = load(name)()
+        adapter = IsolatedAdapter(load(name), args.step_timeout)
     except (AdapterLoadError, Exception) as exc:
         return fail(f"adapter {name!r} failed to load: {exc}")
     try:
         violation = replay_ops(adapter, case.config, case.ops)
+    except AdapterHung as hung:
+        print(f"VIOLATED adapter_contract at step {hung.step}:\n{hung}")
+        return ExitCode.VIOLATED
     finally:
         adapter.close()
     for i, op in enumerate(case.ops):

@@ -1,0 +1,274 @@
+"""An adapter run in a child process, every call under a timeout.
+
+The implementation under test is user code: it may hang, call ``os._exit``, raise
+``SystemExit`` or ``KeyboardInterrupt``, or crash the interpreter. :class:`IsolatedAdapter`
+keeps all of that out of the kit's process: the adapter is built and driven in a child
+forked from the kit (so a factory may be any callable, a lambda or a closure: nothing is
+pickled but ops and answers), and the kit talks to it over a pipe. What it keeps:
+
+- a call that does not answer within its timeout kills the child and raises
+  :class:`CallTimeout`; nothing of the kit waits on it again, so it can never keep the
+  kit's process alive;
+- a child that dies during a call (``os._exit``, a signal, a crash) raises
+  :class:`ChildDied` with its exit status; the next :meth:`~IsolatedAdapter.reset` forks a
+  fresh child, so a run goes on (and a death can be shrunk like any other failure);
+- whatever adapter code raises (``BaseException`` included) comes back as
+  :class:`RemoteError`, with the original type's name: a finding, never the kit's exit;
+- the child ignores SIGINT and SIGTERM (the user's interrupt is the kit's to handle) and
+  dies with the kit (``PR_SET_PDEATHSIG`` where Linux has it; the pipe closing otherwise).
+
+Why a process and not a thread: a thread stuck in adapter code cannot be stopped and
+keeps a non-daemon interpreter alive at exit, and ``os._exit`` in a thread ends the kit
+itself, so it could report nothing. Cost: one pipe round trip per step (the harness's
+:meth:`~IsolatedAdapter.step` sends apply, events and observe as one call).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from kvspec.spec import Config, Event, Observation, Op, Outcome
+
+from .base import Adapter, Capabilities
+
+START_TIMEOUT_S = 120.0
+"""The least time a constructor gets: importing an engine (vLLM: ~12 s here, more on a loaded CI) is slow."""
+
+_LIVE: set[BaseProcess] = set()
+"""Children alive now, so that a second interrupt can kill them before the kit exits at once."""
+
+
+class AdapterFault(Exception):
+    """The adapter did not answer a call as an adapter must."""
+
+
+class CallTimeout(AdapterFault):
+    """A call did not return within its timeout; the child was killed."""
+
+
+class ChildDied(AdapterFault):
+    """The child running the adapter ended during a call."""
+
+
+class RemoteError(AdapterFault):
+    """Adapter code raised; ``type_name`` is the original exception's type, the message its text."""
+
+    def __init__(self, type_name: str, message: str, where: str = "") -> None:
+        self.type_name, self.where = type_name, where
+        super().__init__(message)
+
+
+def kill_children() -> None:
+    """Kill every isolated adapter still running: at exit, and on a second interrupt (the kit exits now).
+
+    Children ignore SIGTERM (the user's signals are the kit's), so multiprocessing's own exit
+    handler, which terminates and then joins them, would wait forever: this runs before it.
+    """
+    for child in list(_LIVE):
+        with contextlib.suppress(Exception):
+            child.kill()
+            child.join(timeout=5)
+        _LIVE.discard(child)
+
+
+def live_children() -> int:
+    """How many isolated adapters are running now (a test can assert that none leaked)."""
+    return sum(1 for child in _LIVE if child.is_alive())
+
+
+atexit.register(kill_children)  # after multiprocessing registered its handler: atexit runs this one first
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _answer(adapter: Any, method: str, args: tuple[Any, ...]) -> Any:
+    if method == "step":  # apply, then what it evicted and what it left: one round trip per step
+        outcome = adapter.apply(*args)
+        return outcome, adapter.events(), adapter.observe()
+    if method == "meta":
+        return adapter.name, adapter.capabilities
+    return getattr(adapter, method)(*args)
+
+
+def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
+    """The child: build the adapter, then answer calls until the pipe closes or ``close`` is called."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    _die_with_parent()
+    adapter: Any = None
+    while True:
+        try:
+            method, args = conn.recv()
+        except (EOFError, OSError):
+            break
+        try:
+            adapter = factory() if method == "build" else adapter
+            reply: tuple[Any, ...] = ("ok", None if method == "build" else _answer(adapter, method, args))
+        except BaseException as exc:
+            where = "".join(traceback.format_exception(exc, limit=-3)).strip()
+            reply = ("raised", type(exc).__name__, str(exc), where)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # the answer does not pickle: say so instead
+            conn.send(("raised", type(exc).__name__, f"the adapter's answer cannot be sent to the checker: {exc}", ""))
+        if method == "close":
+            break
+    conn.close()
+    os._exit(0)  # no atexit handlers of the kit's process in the child
+
+
+class IsolatedAdapter:
+    """An :class:`~kvspec.adapters.base.Adapter` whose implementation runs in a child process.
+
+    Invariant: at most one child at a time; every call either answers within its timeout or
+    raises an :class:`AdapterFault`; after a timeout or a death there is no child until the
+    next :meth:`reset`, which forks a fresh one.
+    """
+
+    def __init__(self, factory: Callable[[], Adapter], timeout: float | None = 30.0) -> None:
+        self.factory, self.timeout = factory, timeout
+        self._child: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._spawn()
+        try:
+            name, caps = self._call("meta", timeout=self._start_timeout)
+        except BaseException:
+            self._stop()
+            raise
+        self.name: str = name
+        self.capabilities: Capabilities = caps
+
+    @property
+    def _start_timeout(self) -> float | None:
+        return None if self.timeout is None else max(self.timeout, START_TIMEOUT_S)
+
+    def _spawn(self) -> None:
+        """Fork a child and build the adapter there (under the start timeout)."""
+        ctx = multiprocessing.get_context("fork")
+        parent, child_end = ctx.Pipe()
+        child = ctx.Process(target=_serve, args=(self.factory, child_end), daemon=True, name="kvspec-adapter")
+        child.start()
+        child_end.close()
+        _LIVE.add(child)
+        self._child, self._conn = child, parent
+        try:
+            self._call("build", timeout=self._start_timeout)
+        except BaseException:  # the constructor raised or hung: no child outlives a failed start
+            self._stop()
+            raise
+
+    def _stop(self) -> None:
+        child, conn = self._child, self._conn
+        self._child = self._conn = None
+        if conn is not None:
+            conn.close()
+        if child is not None:
+            if child.is_alive():
+                child.kill()
+            child.join(timeout=5)
+            _LIVE.discard(child)
+
+    def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        if self._conn is None or self._child is None:
+            raise ChildDied(f"{method}: the adapter's process is gone (a previous call hung or it died)")
+        limit = self.timeout if timeout is None else timeout
+        conn, child = self._conn, self._child
+        try:
+            conn.send((method, args))
+            deadline = None if limit is None else time.monotonic() + limit
+            while not conn.poll(0.05):
+                if not child.is_alive() and not conn.poll(0):
+                    raise EOFError
+                if deadline is not None and time.monotonic() > deadline:
+                    self._stop()
+                    raise CallTimeout(f"{method} did not return within {limit:g} s")
+            reply = conn.recv()
+        except (EOFError, OSError):
+            child.join(timeout=5)
+            code = child.exitcode
+            self._stop()
+            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+            raise ChildDied(f"the adapter's process {how} during {method}") from None
+        except BaseException:  # a timeout, or the kit interrupted mid-call: the pipe is out of step, end the child
+            self._stop()
+            raise
+        if reply[0] == "raised":
+            raise RemoteError(*reply[1:])
+        return reply[1]
+
+    # -- the adapter contract -------------------------------------------------------------
+
+    def reset(self, config: Config) -> None:
+        """Start over with an empty pool; a fresh child first if the last one hung or died."""
+        if self._child is None:
+            self._spawn()
+        self._call("reset", config)
+
+    def apply(self, op: Op) -> Outcome:
+        result: Outcome = self._call("apply", op)
+        return result
+
+    def observe(self) -> Observation:
+        result: Observation = self._call("observe")
+        return result
+
+    def events(self) -> list[Event]:
+        result: list[Event] = self._call("events")
+        return result
+
+    def step(self, op: Op) -> tuple[Any, Any, Any]:
+        """apply(op), events(), observe(), in one round trip; the answers unchecked (the harness judges them)."""
+        answer: tuple[Any, Any, Any] = self._call("step", op)
+        return answer
+
+    def close(self) -> None:
+        """Close the adapter (under the timeout) and end its child; a hang or death here is reported too."""
+        try:
+            if self._child is not None:
+                self._call("close")
+        finally:
+            self._stop()
+
+    def __enter__(self) -> IsolatedAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+
+def isolated(factory: Callable[[], Adapter], timeout: float | None = 30.0) -> Callable[[], IsolatedAdapter]:
+    """A factory of isolated adapters built by ``factory`` in their own child process."""
+
+    def build() -> IsolatedAdapter:
+        return IsolatedAdapter(factory, timeout)
+
+    build.__name__ = getattr(factory, "__name__", "adapter")
+    return build
+
+
+__all__ = [
+    "START_TIMEOUT_S",
+    "AdapterFault",
+    "CallTimeout",
+    "ChildDied",
+    "IsolatedAdapter",
+    "RemoteError",
+    "isolated",
+    "kill_children",
+    "live_children",
+]

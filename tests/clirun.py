@@ -1,0 +1,45 @@
+"""Run ``kvspec`` as a user would: a fresh process, with tests/ importable, under a wall-clock limit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+@dataclass
+class Run:
+    code: int | None  # None: still running at the limit (it was killed)
+    out: str
+    err: str
+    seconds: float
+
+
+def kvspec(*args: str, limit: float = 120.0, cwd: Path | None = None, interrupt_after: float | None = None) -> Run:
+    """``python -m kvspec.cli ARGS``; with ``interrupt_after`` a SIGINT is sent that many seconds in."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    command: Sequence[str] = [sys.executable, "-m", "kvspec.cli", *args]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        if interrupt_after is not None:
+            try:
+                proc.wait(timeout=interrupt_after)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=limit)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        code = None
+    return Run(code, out, err, time.monotonic() - t0)
