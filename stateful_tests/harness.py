@@ -123,9 +123,9 @@ class Harness:
             raise AdapterHung(index, op, self._timeout) from None
         except Exception as exc:
             self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} {_raised(exc)}"]})
-        problems = malformed(raw, events, after)
-        if problems:
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in problems]})
+        wrong = malformed(raw, events, after)
+        if wrong:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
         assert isinstance(raw, Outcome) and isinstance(events, list) and isinstance(after, Observation)
         outcome = raw
         transition = Transition(
@@ -199,7 +199,8 @@ def malformed(outcome: object, events: object, obs: object) -> list[str]:
         problems.append("an ObjectView's size, tokens and ref_count must be ints")
     if not isinstance(obs.requests, Mapping) or not all(isinstance(r, RequestView) for r in obs.requests.values()):
         problems.append("requests must map request ids to RequestViews")
-    if obs.index is not None and not isinstance(obs.index, Mapping):
+    index: object = obs.index  # user code: the annotation promises nothing
+    if index is not None and not isinstance(index, Mapping):
         problems.append("index must be a mapping or None")
     return problems
 
