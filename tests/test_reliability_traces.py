@@ -1,0 +1,122 @@
+"""`kvspec trace check` and `trace record` keep the kit's contract on any input: one test per defect found.
+
+The contract: exit 0 every invariant held, 1 a violation, 2 the command could not run, with one line
+on stderr (``kvspec: FILE:LINE: what is wrong``) and never a traceback. A malformed value is exit 2
+naming its line, never a verdict, and the report (when asked for) is strict JSON with status error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvspec import jsonio
+from kvspec.cli import main
+
+DATA = Path(__file__).parent / "data"
+KVSPEC_GOOD = DATA / "traces" / "reference_kvspec.jsonl"
+SIDE_GOOD = DATA / "traces" / "reference_side_table.jsonl"
+SHARED_AWARE = DATA / "traces" / "shared_aware_side_table.jsonl"
+VLLM_GOOD = DATA / "vllm_live_cpu.jsonl"
+
+Lines = list[dict[str, Any]]
+
+
+def load(path: Path) -> Lines:
+    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
+
+
+def write(tmp_path: Path, lines: Lines, name: str = "trace.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def check(
+    tmp_path: Path, path: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any] | None, str]:
+    """``kvspec trace check``: the exit code, the report (strict JSON; None when none was written), stderr."""
+    report = tmp_path / "report.json"
+    report.unlink(missing_ok=True)
+    code = main(["trace", "check", str(path), "--format", fmt, "--report", str(report)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, jsonio.load(report) if report.exists() else None, err
+
+
+def assert_could_not_run(code: int, report: dict[str, Any] | None, err: str, where: str) -> None:
+    """Exit 2, one line on stderr starting ``kvspec: WHERE:``, and a report that says error."""
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"kvspec: {where}:"), err
+    assert report is not None and report["status"] == "error", report
+    assert not any(row["verdict"] == "violated" for row in report["invariants"])
+
+
+# -- 1. lines are split on \n only ----------------------------------------------------------------
+
+
+def test_line_separators_inside_json_strings_parse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """U+2028, U+2029 and U+0085 are valid inside JSON strings; CRLF endings are JSON whitespace.
+
+    Failed before: str.splitlines() cut the line at U+2028 (exit 2, "not JSON").
+    """
+    lines = load(SIDE_GOOD)
+    lines[2]["note"] = "paragraph\u2028line\u2029next\u0085line"
+    text = "".join(json.dumps(line, ensure_ascii=False) + "\r\n" for line in lines)
+    path = tmp_path / "separators.jsonl"
+    path.write_bytes(text.encode())
+    code, report, err = check(tmp_path, path, "side-table", capsys)
+    assert code == 0 and report is not None and report["steps"] == len(lines) - 1, err
+    # Line numbers count \n-separated lines: a broken line 6 after the separators is reported as line 6.
+    broken = text.split("\n")
+    broken[5] = "{not json"
+    path.write_bytes("\n".join(broken).encode())
+    code, report, err = check(tmp_path, path, "side-table", capsys)
+    assert_could_not_run(code, report, err, f"{path}:6")
+    assert report is not None and report["trace"]["error_line"] == 6
+
+
+# -- 2. a line that is not UTF-8 is exit 2 with its number -----------------------------------------
+
+
+def test_line_that_is_not_utf8_names_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Failed before: the whole file failed to decode (no line number: "cannot read ... utf-8 codec")."""
+    raw = SIDE_GOOD.read_bytes().split(b"\n")
+    raw[3] = raw[3].replace(b'"state"', b'"st\xffate"')
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(b"\n".join(raw))
+    code, report, err = check(tmp_path, path, "side-table", capsys)
+    assert_could_not_run(code, report, err, f"{path}:4")
+    assert "UTF-8" in err and report is not None and report["trace"]["error_line"] == 4
+
+
+# -- 3. strict JSON: no NaN or Infinity, no deep nesting -------------------------------------------
+
+NOT_STRICT_JSON = {
+    "NaN": "NaN",
+    "Infinity": "Infinity",
+    "-Infinity": "-Infinity",
+    "overflowing": "1e999",
+    "nested-deeply": "[" * 200 + "]" * 200,
+    "nested-past-the-parser": "[" * 100_000 + "]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("value", NOT_STRICT_JSON.values(), ids=NOT_STRICT_JSON.keys())
+@pytest.mark.parametrize("field", ["ts", "vendor_extension"])
+def test_values_that_are_not_strict_json_name_their_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, field: str
+) -> None:
+    """Failed before: a NaN ts compared false with every other ts and the log passed (exit 0)."""
+    text = SHARED_AWARE.read_text().split("\n")
+    line = json.loads(text[4])
+    line[field] = "@"
+    text[4] = json.dumps(line).replace('"@"', value)
+    path = tmp_path / "nan.jsonl"
+    path.write_text("\n".join(text))
+    code, report, err = check(tmp_path, path, "side-table", capsys)
+    assert_could_not_run(code, report, err, f"{path}:5")
+    assert report is not None and report["trace"]["error_line"] == 5
