@@ -102,6 +102,7 @@ NOT_STRICT_JSON = {
     "overflowing": "1e999",
     "nested-deeply": "[" * 200 + "]" * 200,
     "nested-past-the-parser": "[" * 100_000 + "]" * 100_000,
+    "lone-surrogate": '"\\ud800"',
 }
 
 
@@ -110,7 +111,8 @@ NOT_STRICT_JSON = {
 def test_values_that_are_not_strict_json_name_their_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, field: str
 ) -> None:
-    """Failed before: a NaN ts compared false with every other ts and the log passed (exit 0)."""
+    """Failed before: a NaN ts compared false with every other ts and the log passed (exit 0); a lone
+    surrogate passed too, and one in the header's source crashed printing the table (UnicodeEncodeError)."""
     text = SHARED_AWARE.read_text().split("\n")
     line = json.loads(text[4])
     line[field] = "@"

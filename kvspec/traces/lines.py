@@ -78,25 +78,33 @@ class Line:
         return self.typed(values.integer, name, value, minimum=minimum)
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether arrays and objects in ``value`` nest more than ``limit`` deep (without recursion)."""
+def _unreadable(value: Any) -> str | None:
+    """Why the kit does not read ``value`` (nested more than MAX_DEPTH deep, or a string that is not
+    Unicode: JSON's ``\\ud800`` escape can spell a lone surrogate); None when it reads it. No recursion."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        inner = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "not JSON the kit reads: a string holds a lone surrogate (not Unicode)"
+            continue
+        inner = [*item.keys(), *item.values()] if isinstance(item, dict) else item if isinstance(item, list) else None
         if inner is None:
             continue
-        if depth > limit:
-            return True
+        if depth > MAX_DEPTH:
+            return f"not JSON the kit reads: nested more than {MAX_DEPTH} deep"
         stack.extend((child, depth + 1) for child in inner)
-    return False
+    return None
 
 
 def read_lines(path: Path) -> list[Line]:
     """Every non-blank line of ``path`` parsed as a JSON object, in order.
 
     Raises TraceFormatError: the file cannot be read or holds no line (line None), or a
-    line is not UTF-8, not strict JSON, nested too deeply or not an object (its number).
+    line is not UTF-8, not strict JSON, nested too deeply, holds a string that is not
+    Unicode, or is not an object (its number).
     Unknown fields are kept; formats ignore them.
     """
     try:
@@ -117,8 +125,9 @@ def read_lines(path: Path) -> list[Line]:
             raise TraceFormatError(number, str(exc)) from None
         if not isinstance(data, dict):
             raise TraceFormatError(number, f"expected a JSON object, got {type(data).__name__}")
-        if _deeper_than(data, MAX_DEPTH):
-            raise TraceFormatError(number, f"not JSON the kit reads: nested more than {MAX_DEPTH} deep")
+        problem = _unreadable(data)
+        if problem is not None:
+            raise TraceFormatError(number, problem)
         lines.append(Line(number, text, data))
     if not lines:
         raise TraceFormatError(None, "the file holds no trace lines")
