@@ -8,6 +8,7 @@ naming its line, never a verdict, and the report (when asked for) is strict JSON
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,91 @@ def test_values_that_are_not_strict_json_name_their_line(
     code, report, err = check(tmp_path, path, "side-table", capsys)
     assert_could_not_run(code, report, err, f"{path}:5")
     assert report is not None and report["trace"]["error_line"] == 5
+
+
+# -- 4. a value of the wrong type is exit 2 with its line, never a verdict --------------------------
+
+
+def to(value: Any) -> Callable[[Any], Any]:
+    return lambda _old: value
+
+
+def each(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda old: [convert(x) for x in old]
+
+
+def _first(path: Path, test: Callable[[dict[str, Any]], bool]) -> int:
+    return next(i for i, line in enumerate(load(path)) if test(line))
+
+
+KV, SIDE, VLLM = (KVSPEC_GOOD, "kvspec"), (SHARED_AWARE, "side-table"), (VLLM_GOOD, "vllm-events")
+_ADMIT = _first(KVSPEC_GOOD, lambda line: line.get("op", {}).get("op") == "admit")
+_RELEASE = _first(KVSPEC_GOOD, lambda line: line.get("op", {}).get("op") == "release")
+_EVICTED = _first(SHARED_AWARE, lambda line: line.get("event") == "block_evicted")
+_RANKED = _first(SHARED_AWARE, lambda line: line.get("event") == "eviction_candidates_ranked")
+_REQUEST = _first(VLLM_GOOD, lambda line: "request" in line)
+_METRICS = _first(VLLM_GOOD, lambda line: "metrics" in line)
+_CONFIG = _first(VLLM_GOOD, lambda line: "config" in line)
+_BATCH = _first(VLLM_GOOD, lambda line: "seq" in line)
+
+# (trace, format, line index, the place of the value in that line, what it becomes)
+WRONG_TYPES: dict[str, tuple[Path, str, int, tuple[str | int, ...], Callable[[Any], Any]]] = {
+    "kvspec tokens as strings": (*KV, _ADMIT, ("op", "tokens"), each(str)),
+    "kvspec tokens as floats": (*KV, _ADMIT, ("op", "tokens"), each(float)),
+    "kvspec tokens as booleans": (*KV, _ADMIT, ("op", "tokens"), each(lambda t: t > 1)),
+    "kvspec tokens as one string": (*KV, _ADMIT, ("op", "tokens"), lambda t: "".join(map(str, t))),
+    "kvspec req as a number": (*KV, _ADMIT, ("op", "req"), lambda r: int(r[1:])),
+    "kvspec keep as a string": (*KV, _RELEASE, ("op", "keep"), to("no")),
+    "kvspec message as a number": (*KV, _ADMIT, ("outcome", "message"), to(0)),
+    "kvspec capacity as a float": (*KV, 0, ("config", "capacity"), float),
+    "kvspec capacity as a boolean": (*KV, 0, ("config", "capacity"), to(True)),
+    "kvspec block_size as a float": (*KV, 0, ("config", "block_size"), float),
+    "kvspec capacity negative": (*KV, 0, ("config", "capacity"), to(-6)),
+    "kvspec capacity absurd": (*KV, 0, ("config", "capacity"), to(2**62)),
+    "kvspec header version true": (*KV, 0, ("kvspec_trace",), to(True)),
+    "kvspec anchor blocks as a string": (*KV, 0, ("semantics", "admission_anchor_blocks"), to("2")),
+    "kvspec observed tokens as strings": (*KV, _ADMIT, ("observation", "requests", 0, "tokens"), each(str)),
+    "kvspec index as an object": (*KV, _ADMIT, ("observation", "index"), to({"ab": 1})),
+    "side num_blocks as a float": (*SIDE, 0, ("num_blocks",), float),
+    "side num_blocks absurd": (*SIDE, 0, ("num_blocks",), to(2**62)),
+    "side header version true": (*SIDE, 0, ("kvspec_side_table",), to(True)),
+    "side unknown policy": (*SIDE, 0, ("policy",), to("fifo")),
+    "side source as a number": (*SIDE, 0, ("source",), to(7)),
+    "side unknown eviction reason": (*SIDE, _EVICTED, ("reason",), to("gc")),
+    "side unknown event": (*SIDE, 3, ("event",), to("block_teleported")),
+    "side protected as a string": (*SIDE, _RANKED, ("candidates", 0, "protected"), to("no")),
+    "side retain_score as a string": (*SIDE, _RANKED, ("candidates", 0, "retain_score"), str),
+    "vllm prompt tokens as strings": (*VLLM, _REQUEST, ("request", "prompt_token_ids"), each(str)),
+    "vllm cached_tokens as a float": (*VLLM, _REQUEST, ("request", "cached_tokens"), float),
+    "vllm started as a string": (*VLLM, _REQUEST, ("request", "started"), str),
+    "vllm preempted as a string": (*VLLM, _REQUEST, ("request", "preempted"), to("no")),
+    "vllm idle as a string": (*VLLM, _METRICS, ("metrics", "idle"), to("yes")),
+    "vllm num_gpu_blocks absurd": (*VLLM, _CONFIG, ("config", "num_gpu_blocks"), to(2**62)),
+    "vllm hash_algo as a number": (*VLLM, _CONFIG, ("config", "hash_algo"), to(256)),
+    "vllm block hash as a float": (*VLLM, _BATCH, ("events", -1, "block_hashes"), each(float)),
+    "vllm ts too large for a float": (*VLLM, _BATCH, ("ts",), to(10**400)),
+}
+
+
+@pytest.mark.parametrize(("path", "fmt", "at", "place", "change"), WRONG_TYPES.values(), ids=WRONG_TYPES.keys())
+def test_value_of_the_wrong_type_names_its_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    path: Path,
+    fmt: str,
+    at: int,
+    place: tuple[str | int, ...],
+    change: Callable[[Any], Any],
+) -> None:
+    """Failed before: tokens as strings were read as ints (exit 0 PASSED); an unknown policy left
+    policy_conformance unknown (exit 0); a float capacity was rounded down."""
+    lines = load(path)
+    target: Any = lines[at]
+    for key in place[:-1]:
+        target = target[key]
+    key = place[-1]
+    target[key] = change(target.get(key) if isinstance(target, dict) else target[key])
+    bad = write(tmp_path, lines)
+    code, report, err = check(tmp_path, bad, fmt, capsys)
+    assert_could_not_run(code, report, err, f"{bad}:{at + 1}")
+    assert report is not None and report["trace"]["error_line"] == at + 1

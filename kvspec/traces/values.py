@@ -94,7 +94,7 @@ def block_hash(name: str, value: object) -> str | int:
     return value
 
 
-def config(data: object, name: str = "config") -> Config:
+def config(name: str, data: object) -> Config:
     """A pool ``{capacity, block_size, bytes_per_token}`` (each a positive integer; missing ones default).
 
     Unknown keys are ignored. The capacity is not bounded here: it counts bytes at entry
@@ -110,7 +110,7 @@ def blocks(name: str, value: object) -> int:
     return integer(name, value, minimum=1, maximum=MAX_REPLAY_BLOCKS)
 
 
-def op(data: object, name: str = "op") -> Op:
+def op(name: str, data: object) -> Op:
     """One op ``{op, req?, tokens?, keep?, mode?}`` of the case schema, every field of its type."""
     found = mapping(name, data)
     req = found.get("req")

@@ -13,11 +13,12 @@ and first violation back to lines.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvspec.spec.stream import STREAM_INVARIANTS, MetricSnapshot, RequestRecord
+from kvspec.spec.stream import STREAM_INVARIANTS
 
+from . import values
 from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant, TraceViolation
 
@@ -37,60 +38,102 @@ def recognizes(first: Mapping[str, Any]) -> bool:
 
 def kind_of(data: Mapping[str, Any]) -> str | None:
     """The record kind, in the order check_recorded tells them apart; None for a note."""
-    for kind in ("reset", "config", "request", "metrics"):
+    for kind in ("gap", "reset", "config", "request", "metrics"):
         if kind in data:
             return kind
     return "batch" if "seq" in data and "events" in data else None
 
 
-def _number(line: Line, data: Mapping[str, Any], name: str) -> None:
-    value = data.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TraceFormatError(line.number, f"{name} must be a number, not {value!r}")
+def _optional(read: Callable[..., object], name: str, value: object, **limits: Any) -> None:
+    if value is not None:
+        read(name, value, **limits)
 
 
-def _validate_batch(line: Line) -> None:
-    line.need_int("seq")
-    _number(line, line.data, "ts")
-    for i, event in enumerate(line.need_list("events")):
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise TraceFormatError(line.number, f"event {i} is not a map tagged by 'type': {event!r}")
-        if event["type"] in ("BlockStored", "BlockRemoved") and not isinstance(event.get("block_hashes"), list):
-            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has no block_hashes list")
-        if event["type"] == "BlockStored" and not isinstance(event.get("token_ids"), list):
-            raise TraceFormatError(line.number, f"event {i} (BlockStored) has no token_ids list")
-        hashes = [
-            *event.get("block_hashes", []),
-            *([event["parent_block_hash"]] if event.get("parent_block_hash") else []),
-        ]
-        if any(isinstance(h, list | dict) for h in hashes):
-            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has a block hash that is not a scalar")
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in event.get("token_ids", [])):
-            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has token_ids that are not integers")
+def _integers(name: str, value: object) -> None:
+    for i, item in enumerate(values.array(name, value)):
+        values.integer(f"{name}[{i}]", item)
+
+
+def _event(name: str, found: object) -> None:
+    event = values.mapping(name, found)
+    kind = values.string(f"{name}.type", event.get("type"))
+    if kind in ("BlockStored", "BlockRemoved"):
+        for i, key in enumerate(values.array(f"{name}.block_hashes", event.get("block_hashes"))):
+            values.block_hash(f"{name}.block_hashes[{i}]", key)
+    if kind == "BlockStored":
+        _integers(f"{name}.token_ids", event.get("token_ids"))
+        _optional(values.block_hash, f"{name}.parent_block_hash", event.get("parent_block_hash"))
+        _optional(values.integer, f"{name}.block_size", event.get("block_size"), minimum=1)
+
+
+def _batch(data: dict[str, Any]) -> None:
+    values.integer("seq", data.get("seq"))
+    values.number("ts", data.get("ts"))
+    for i, event in enumerate(values.array("events", data.get("events"))):
+        _event(f"events[{i}]", event)
+
+
+def _request(data: dict[str, Any]) -> None:
+    r = values.mapping("request", data["request"])
+    values.string("request.id", r.get("id"))
+    _integers("request.prompt_token_ids", r.get("prompt_token_ids"))
+    if r.get("output_token_ids") is not None:
+        _integers("request.output_token_ids", r["output_token_ids"])
+    _optional(values.integer, "request.cached_tokens", r.get("cached_tokens"), minimum=0)
+    values.number("request.started", r.get("started"))
+    values.number("request.finished", r.get("finished"))
+    _optional(values.string, "request.mode", r.get("mode"))
+    _optional(values.boolean, "request.preempted", r.get("preempted"))
+
+
+def _metrics(data: dict[str, Any]) -> None:
+    m = values.mapping("metrics", data["metrics"])
+    values.number("metrics.ts", m.get("ts"))
+    _optional(values.boolean, "metrics.idle", m.get("idle"))
+    _optional(values.number, "metrics.kv_cache_usage_perc", m.get("kv_cache_usage_perc"))
+    _optional(values.number, "metrics.num_preemptions_total", m.get("num_preemptions_total"))
+
+
+def _reset(data: dict[str, Any]) -> None:
+    r = values.mapping("reset", data["reset"])
+    values.number("reset.ts", r.get("ts"))
+    _optional(values.boolean, "reset.success", r.get("success"))
+
+
+def _gap(data: dict[str, Any]) -> None:
+    g = values.mapping("gap", data["gap"])
+    values.integer("gap.from", g.get("from"))
+    values.integer("gap.to", g.get("to"))
+
+
+def _config(data: dict[str, Any]) -> None:
+    c = values.mapping("config", data["config"])
+    _optional(values.integer, "config.block_size", c.get("block_size"), minimum=1)
+    _optional(values.blocks, "config.num_gpu_blocks", c.get("num_gpu_blocks"))
+    for name in ("hash_algo", "none_hash_seed", "events", "vllm"):
+        _optional(values.string, f"config.{name}", c.get(name))
+    _optional(values.choice, "config.initial_cache", c.get("initial_cache"), allowed=("empty", "unknown"))
+    _optional(values.boolean, "config.hashes_recomputable", c.get("hashes_recomputable"))
+
+
+_RECORDS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "batch": _batch,
+    "request": _request,
+    "metrics": _metrics,
+    "reset": _reset,
+    "gap": _gap,
+    "config": _config,
+}
 
 
 def validate(line: Line) -> str | None:
-    """Check one record's shape as the checker will read it; returns its kind (None: a note, skipped)."""
+    """Check one record's shape and types as the checker will read them; its kind (None: a note, skipped)."""
     kind = kind_of(line.data)
-    try:
-        if kind == "batch":
-            _validate_batch(line)
-        elif kind == "request":
-            RequestRecord.from_json(line.data["request"])
-        elif kind == "metrics":
-            MetricSnapshot.from_json(line.data["metrics"])
-        elif kind == "reset":
-            _number(line, line.data["reset"], "ts")
-        elif kind == "config":
-            config = line.data["config"]
-            if not isinstance(config, dict):
-                raise TraceFormatError(line.number, "config must be an object")
-            for name in ("block_size", "num_gpu_blocks"):
-                value = config.get(name)
-                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                    raise TraceFormatError(line.number, f"config {name} must be a positive integer, not {value!r}")
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(line.number, f"malformed {kind} record: {type(exc).__name__}: {exc}") from exc
+    if kind is not None:
+        try:
+            _RECORDS[kind](line.data)
+        except ValueError as exc:
+            raise TraceFormatError(line.number, f"malformed {kind} record: {exc}") from None
     return kind
 
 
