@@ -16,6 +16,7 @@ import pytest
 
 from kvspec import jsonio
 from kvspec.cli import main
+from kvspec.report import Report
 
 DATA = Path(__file__).parent / "data"
 KVSPEC_GOOD = DATA / "traces" / "reference_kvspec.jsonl"
@@ -211,3 +212,23 @@ def test_value_of_the_wrong_type_names_its_line(
     code, report, err = check(tmp_path, bad, fmt, capsys)
     assert_could_not_run(code, report, err, f"{bad}:{at + 1}")
     assert report is not None and report["trace"]["error_line"] == at + 1
+
+
+# -- 5. NaN and Infinity never reach the report --------------------------------------------------
+
+
+def test_report_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Failed before: a violated line carrying 1e999 put Infinity in first_violation.event (not JSON),
+    and Report.write_json wrote NaN where a writer passed one."""
+    text = SHARED_AWARE.read_text().split("\n")
+    evicted = json.loads(text[_EVICTED])
+    evicted["ref_count"] = 5  # a violation on this line: the recorded ref_count disagrees with the replay
+    text[_EVICTED] = json.dumps(evicted)[:-1] + ', "weight": 1e999}'
+    path = tmp_path / "inf.jsonl"
+    path.write_text("\n".join(text))
+    code, report, err = check(tmp_path, path, "side-table", capsys)  # check() reads the report strictly
+    assert_could_not_run(code, report, err, f"{path}:{_EVICTED + 1}")
+    out = tmp_path / "nan-report.json"
+    with pytest.raises(ValueError):
+        Report(adapter="x", rows=[], findings=[{"ratio": float("nan")}]).write_json(out)
+    assert not out.exists()
