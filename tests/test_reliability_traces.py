@@ -232,3 +232,68 @@ def test_report_is_strict_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(ValueError):
         Report(adapter="x", rows=[], findings=[{"ratio": float("nan")}]).write_json(out)
     assert not out.exists()
+
+
+# -- 6. a trace of another format, an empty file, a missing file, a folder --------------------------
+
+OTHER_FORMAT = [
+    (SIDE_GOOD, "kvspec"),
+    (VLLM_GOOD, "kvspec"),
+    (KVSPEC_GOOD, "side-table"),
+    (VLLM_GOOD, "side-table"),
+    (KVSPEC_GOOD, "vllm-events"),
+    (SIDE_GOOD, "vllm-events"),
+]
+
+
+@pytest.mark.parametrize(("path", "fmt"), OTHER_FORMAT, ids=[f"{p.stem}-as-{f}" for p, f in OTHER_FORMAT])
+def test_trace_of_another_format_is_not_a_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], path: Path, fmt: str
+) -> None:
+    """Failed before: exit 0 PASSED on a kvspec trace read as vllm-events (its header has a config)."""
+    code, report, err = check(tmp_path, path, fmt, capsys)
+    assert_could_not_run(code, report, err, str(path))
+    assert f"nothing in this file is a {fmt} record" in err
+
+
+def _empty(tmp_path: Path) -> Path:
+    (tmp_path / "empty.jsonl").write_text("")
+    return tmp_path / "empty.jsonl"
+
+
+def _blank(tmp_path: Path) -> Path:
+    (tmp_path / "blank.jsonl").write_text("\n  \n\r\n")
+    return tmp_path / "blank.jsonl"
+
+
+def _folder(tmp_path: Path) -> Path:
+    (tmp_path / "folder").mkdir()
+    return tmp_path / "folder"
+
+
+NO_TRACE: dict[str, Callable[[Path], Path]] = {
+    "empty": _empty,
+    "blank": _blank,
+    "missing": lambda tmp_path: tmp_path / "missing.jsonl",
+    "folder": _folder,
+}
+
+
+@pytest.mark.parametrize("fmt", ["auto", "kvspec"])
+@pytest.mark.parametrize("make", NO_TRACE.values(), ids=NO_TRACE.keys())
+def test_no_trace_is_exit_2_with_a_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Callable[[Path], Path], fmt: str
+) -> None:
+    """Failed before: with --format auto an empty file exited 2 without writing the report it was asked for."""
+    path = make(tmp_path)
+    code, report, err = check(tmp_path, path, fmt, capsys)
+    assert_could_not_run(code, report, err, str(path))
+
+
+def test_unwritable_report_is_exit_2_before_the_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Failed before: a --report under a file raised NotADirectoryError after the check (a traceback)."""
+    (tmp_path / "file").write_text("")
+    code = main(["trace", "check", str(SIDE_GOOD), "--report", str(tmp_path / "file" / "report.json")])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1 and "report" in captured.err, captured.err
+    assert "PASSED" not in captured.out

@@ -12,14 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvspec import jsonio
 from kvspec.report import ExitCode
 from kvspec.spec import Config, SpecError
-from kvspec.traces import FORMATS, check_trace, detect_format
-from kvspec.traces.lines import TraceFormatError
+from kvspec.traces import AUTO, FORMATS, check_trace
 
 from .common import fail
-
-AUTO = "auto"
 
 
 def register(subparsers: Any) -> None:
@@ -58,15 +56,17 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    fmt = args.format
-    if fmt == AUTO:
+    if args.report is not None:
         try:
-            fmt = detect_format(args.file)
-        except TraceFormatError as exc:
-            return fail(f"{args.file}: {exc}")
-    result = check_trace(args.file, fmt, context=max(args.context, 0))
+            jsonio.ensure_writable(args.report)
+        except OSError as exc:
+            return fail(f"{args.report}: cannot write the report: {exc}")
+    result = check_trace(args.file, args.format, context=max(args.context, 0))
     report = result.report()
-    report.write(args.report)
+    try:
+        report.write(args.report)
+    except OSError as exc:
+        return fail(f"{args.report}: cannot write the report: {exc}")
     print(report.table())
     if result.status == "error":
         where = f":{result.error_line}" if result.error_line is not None else ""
