@@ -7,6 +7,8 @@ naming its line, never a verdict, and the report (when asked for) is strict JSON
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -297,3 +299,89 @@ def test_unwritable_report_is_exit_2_before_the_check(tmp_path: Path, capsys: py
     captured = capsys.readouterr()
     assert code == 2 and captured.err.count("\n") == 1 and "report" in captured.err, captured.err
     assert "PASSED" not in captured.out
+
+
+# -- 7. trace record: a malformed --ops file, an unwritable --out, an atomic write ---------------
+
+BAD_OPS = {
+    "not JSON": "{",
+    "not an object": "[]",
+    "ops not a list": '{"ops": 3}',
+    "op not an object": '{"ops": [[1]]}',
+    "unknown op": '{"ops": [{"op": "teleport"}]}',
+    "tokens as strings": '{"ops": [{"op": "admit", "req": "a", "tokens": ["1", "2"]}]}',
+    "tokens as floats": '{"ops": [{"op": "admit", "req": "a", "tokens": [1.5]}]}',
+    "req as a number": '{"ops": [{"op": "admit", "req": 1, "tokens": [1]}]}',
+    "keep as a string": '{"ops": [{"op": "release", "req": "a", "keep": "no"}]}',
+    "NaN": '{"ops": [{"op": "admit", "req": "a", "tokens": [NaN]}]}',
+    "capacity overflowing": '{"config": {"capacity": 1e999}, "ops": []}',
+    "capacity as a float": '{"config": {"capacity": 4.5}, "ops": []}',
+    "block_size true": '{"block_size": true, "ops": []}',
+}
+
+
+@pytest.mark.parametrize("text", BAD_OPS.values(), ids=BAD_OPS.keys())
+def test_record_rejects_a_malformed_ops_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    """Failed before: tokens ["1", "2"] were read as ints (exit 0) and capacity 1e999 raised OverflowError."""
+    ops = tmp_path / "ops.json"
+    ops.write_text(text)
+    out = tmp_path / "out.jsonl"
+    code = main(["trace", "record", "--ops", str(ops), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and str(ops) in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def _under_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "file").write_text("")
+    return tmp_path / "file" / "out.jsonl"
+
+
+@pytest.mark.parametrize("make", [_folder, _under_a_file], ids=["a folder", "under a file"])
+def test_record_checks_out_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Callable[[Path], Path]
+) -> None:
+    """Failed before: the adapter ran first, then writing raised IsADirectoryError (a traceback).
+
+    The adapter named here does not exist: the --out error comes first, so --out was checked first.
+    """
+    out = make(tmp_path)
+    code = main(["trace", "record", "--adapter", "no-such-adapter", "--out", str(out), "--steps", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and str(out) in err and "adapter" not in err, err
+
+
+class _DiskFull(io.TextIOWrapper):
+    """A text file that takes half of what is written to it, then fails as a full disk would."""
+
+    def write(self, text: str) -> int:
+        super().write(text[: len(text) // 2])
+        self.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_record_writes_the_trace_atomically(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails half-way leaves the trace that was there whole and exits 2 with one line.
+
+    Failed before: the trace was written in place (truncated to half) and the OSError was a traceback.
+    """
+    out = tmp_path / "out.jsonl"
+    assert main(["trace", "record", "--out", str(out), "--steps", "5"]) == 0
+    before = out.read_bytes()
+    real_open = io.open
+
+    def half_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        handle = real_open(file, mode, *args, **kwargs)
+        if "w" not in mode or "b" in mode:
+            return handle
+        return _DiskFull(handle.detach(), encoding="utf-8")
+
+    monkeypatch.setattr(io, "open", half_open)
+    code = main(["trace", "record", "--out", str(out), "--steps", "9"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and str(out) in err and "Traceback" not in err, err
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]
