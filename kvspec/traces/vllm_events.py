@@ -4,9 +4,10 @@ The log (docs/traces.md, and adapters/vllm_live/recorded.py, which owns the
 schema) holds, one record a line: ``{"config": {...}}`` (block size, pool size,
 hash recipe), ZMQ batches ``{"seq", "ts", "events": [BlockStored |
 BlockRemoved | AllBlocksCleared ...]}``, completed requests ``{"request":
-{...}}``, gauge snapshots ``{"metrics": {...}}`` and prefix-cache resets
-``{"reset": {...}}``; lines of other shapes are notes and are skipped. This
-module checks each record's shape with its line number, hands the records to
+{...}}``, gauge snapshots ``{"metrics": {...}}``, prefix-cache resets
+``{"reset": {...}}`` and lost batches ``{"gap": {...}}``; lines of other shapes
+are notes and are skipped. This module checks each record's shape and the type
+of every field the checker reads with its line number, hands the records to
 ``check_recorded`` (the stream ledger of spec/stream.py) and maps its verdicts
 and first violation back to lines.
 """
@@ -44,9 +45,12 @@ def kind_of(data: Mapping[str, Any]) -> str | None:
     return "batch" if "seq" in data and "events" in data else None
 
 
-def _optional(read: Callable[..., object], name: str, value: object, **limits: Any) -> None:
-    if value is not None:
-        read(name, value, **limits)
+def _positive(name: str, value: object) -> int:
+    return values.integer(name, value, minimum=1)
+
+
+def _count(name: str, value: object) -> int:
+    return values.integer(name, value, minimum=0)
 
 
 def _integers(name: str, value: object) -> None:
@@ -62,8 +66,10 @@ def _event(name: str, found: object) -> None:
             values.block_hash(f"{name}.block_hashes[{i}]", key)
     if kind == "BlockStored":
         _integers(f"{name}.token_ids", event.get("token_ids"))
-        _optional(values.block_hash, f"{name}.parent_block_hash", event.get("parent_block_hash"))
-        _optional(values.integer, f"{name}.block_size", event.get("block_size"), minimum=1)
+        if event.get("parent_block_hash") is not None:
+            values.block_hash(f"{name}.parent_block_hash", event["parent_block_hash"])
+        if event.get("block_size") is not None:
+            _positive(f"{name}.block_size", event["block_size"])
 
 
 def _batch(data: dict[str, Any]) -> None:
@@ -73,57 +79,46 @@ def _batch(data: dict[str, Any]) -> None:
         _event(f"events[{i}]", event)
 
 
-def _request(data: dict[str, Any]) -> None:
-    r = values.mapping("request", data["request"])
-    values.string("request.id", r.get("id"))
-    _integers("request.prompt_token_ids", r.get("prompt_token_ids"))
-    if r.get("output_token_ids") is not None:
-        _integers("request.output_token_ids", r["output_token_ids"])
-    _optional(values.integer, "request.cached_tokens", r.get("cached_tokens"), minimum=0)
-    values.number("request.started", r.get("started"))
-    values.number("request.finished", r.get("finished"))
-    _optional(values.string, "request.mode", r.get("mode"))
-    _optional(values.boolean, "request.preempted", r.get("preempted"))
-
-
-def _metrics(data: dict[str, Any]) -> None:
-    m = values.mapping("metrics", data["metrics"])
-    values.number("metrics.ts", m.get("ts"))
-    _optional(values.boolean, "metrics.idle", m.get("idle"))
-    _optional(values.number, "metrics.kv_cache_usage_perc", m.get("kv_cache_usage_perc"))
-    _optional(values.number, "metrics.num_preemptions_total", m.get("num_preemptions_total"))
-
-
-def _reset(data: dict[str, Any]) -> None:
-    r = values.mapping("reset", data["reset"])
-    values.number("reset.ts", r.get("ts"))
-    _optional(values.boolean, "reset.success", r.get("success"))
-
-
-def _gap(data: dict[str, Any]) -> None:
-    g = values.mapping("gap", data["gap"])
-    values.integer("gap.from", g.get("from"))
-    values.integer("gap.to", g.get("to"))
-
-
-def _config(data: dict[str, Any]) -> None:
-    c = values.mapping("config", data["config"])
-    _optional(values.integer, "config.block_size", c.get("block_size"), minimum=1)
-    _optional(values.blocks, "config.num_gpu_blocks", c.get("num_gpu_blocks"))
-    for name in ("hash_algo", "none_hash_seed", "events", "vllm"):
-        _optional(values.string, f"config.{name}", c.get(name))
-    _optional(values.choice, "config.initial_cache", c.get("initial_cache"), allowed=("empty", "unknown"))
-    _optional(values.boolean, "config.hashes_recomputable", c.get("hashes_recomputable"))
-
-
-_RECORDS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "batch": _batch,
-    "request": _request,
-    "metrics": _metrics,
-    "reset": _reset,
-    "gap": _gap,
-    "config": _config,
+# The fields of each record kind the checker reads: name -> (reader of values.py, required). An optional
+# field may be absent or null. The batch, which nests its events, is read by _batch.
+Reader = Callable[[str, object], object]
+_FIELDS: dict[str, dict[str, tuple[Reader, bool]]] = {
+    "request": {
+        "id": (values.string, True),
+        "prompt_token_ids": (_integers, True),
+        "output_token_ids": (_integers, False),
+        "cached_tokens": (_count, False),
+        "started": (values.number, True),
+        "finished": (values.number, True),
+        "mode": (values.string, False),
+        "preempted": (values.boolean, False),
+    },
+    "metrics": {
+        "ts": (values.number, True),
+        "idle": (values.boolean, False),
+        "kv_cache_usage_perc": (values.number, False),
+        "num_preemptions_total": (values.number, False),
+    },
+    "reset": {"ts": (values.number, True), "success": (values.boolean, False)},
+    "gap": {"from": (values.integer, True), "to": (values.integer, True)},
+    "config": {
+        "block_size": (_positive, False),
+        "num_gpu_blocks": (values.blocks, False),
+        "hash_algo": (values.string, False),
+        "none_hash_seed": (values.string, False),
+        "events": (values.string, False),
+        "vllm": (values.string, False),
+        "initial_cache": (lambda name, value: values.choice(name, value, ("empty", "unknown")), False),
+        "hashes_recomputable": (values.boolean, False),
+    },
 }
+
+
+def _record(kind: str, data: dict[str, Any]) -> None:
+    body = values.mapping(kind, data[kind])
+    for name, (read, required) in _FIELDS[kind].items():
+        if required or body.get(name) is not None:
+            read(f"{kind}.{name}", body.get(name))
 
 
 def validate(line: Line) -> str | None:
@@ -131,7 +126,10 @@ def validate(line: Line) -> str | None:
     kind = kind_of(line.data)
     if kind is not None:
         try:
-            _RECORDS[kind](line.data)
+            if kind == "batch":
+                _batch(line.data)
+            else:
+                _record(kind, line.data)
         except ValueError as exc:
             raise TraceFormatError(line.number, f"malformed {kind} record: {exc}") from None
     return kind
