@@ -1,7 +1,8 @@
 """Strict JSON in and atomic JSON out: the one way the kit reads and writes its files.
 
 Reading: only what RFC 8259 calls JSON. ``NaN``, ``Infinity`` and ``-Infinity`` (which
-Python's json accepts by default) are rejected, and a document nested too deeply for the
+Python's json accepts by default) are rejected, and so is a number too large for a float
+(``1e999``, which Python's json reads as infinity); a document nested too deeply for the
 parser is a ``ValueError`` like any other malformed input, never a ``RecursionError``.
 
 Writing: the text goes to a temporary file in the target's folder and is renamed over the
@@ -23,10 +24,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large for a number the kit reads")
+    return value
+
+
 def loads(text: str | bytes) -> Any:
     """The JSON value of ``text``; ValueError (one line) for anything that is not strict JSON."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:

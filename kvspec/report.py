@@ -21,7 +21,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from kvspec import schemas
+from kvspec import jsonio, schemas
 
 REPORT_SCHEMA = 1
 """Version of the report's JSON (its ``kvspec_report`` key); bumped when a key changes meaning."""
@@ -198,8 +198,8 @@ class Report:
         return "\n".join([*lines, *self.details, status_line(self.status, self.error)])
 
     def write_json(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        """The report as strict JSON (ValueError, and no file, for a NaN or an Infinity), written atomically."""
+        jsonio.write(path, self.to_json())
 
     def write_junit(self, path: Path) -> None:
         """One testcase per invariant: a failure when violated, skipped when unknown."""

@@ -7,7 +7,9 @@ malformed line must end the check with exit code 2 and its line number.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -620,11 +622,24 @@ def test_malformed_line_exits_2_with_its_line_number(
     assert f"{bad}:5:" in err
 
 
+HUGE_INTS = st.sampled_from([2**63, -(2**63) - 1, 2**64, 10**30, -(10**30), 10**400])
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | HUGE_INTS
+    | st.floats(allow_nan=False)
+    | st.text(max_size=4),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
     max_leaves=5,
 )
+COMMITTED = [
+    (KVSPEC_GOOD, "kvspec"),
+    (SIDE_GOOD, "side-table"),
+    (SHARED_AWARE, "side-table"),
+    (VLLM_SIDE, "side-table"),
+    (VLLM_GOOD, "vllm-events"),
+]
 
 
 def _slots(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -637,9 +652,24 @@ def _slots(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize(
-    ("path", "fmt"), [(KVSPEC_GOOD, "kvspec"), (SHARED_AWARE, "side-table"), (VLLM_GOOD, "vllm-events")]
-)
+def _replace(line: dict[str, Any], slot: tuple[Any, ...], value: Any) -> None:
+    parent: Any = line
+    for key in slot[:-1]:
+        parent = parent[key]
+    parent[slot[-1]] = value
+
+
+def check_cli(tmp_path: Path, path: Path, fmt: str) -> tuple[int, dict[str, Any], str]:
+    """``kvspec trace check`` in process, outside pytest's capture (Hypothesis reuses the test's fixtures)."""
+    report = tmp_path / "report.json"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["trace", "check", str(path), "--format", fmt, "--report", str(report)])
+    assert "Traceback" not in err.getvalue() and err.getvalue().count("\n") <= 1, err.getvalue()
+    return code, json.loads(report.read_text()), err.getvalue()
+
+
+@pytest.mark.parametrize(("path", "fmt"), COMMITTED, ids=[p.stem for p, _ in COMMITTED])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_changed_value_is_judged_never_a_crash(tmp_path: Path, path: Path, fmt: str, data: st.DataObject) -> None:
@@ -647,14 +677,151 @@ def test_any_changed_value_is_judged_never_a_crash(tmp_path: Path, path: Path, f
     lines = load(path)
     at = data.draw(st.integers(0, len(lines) - 1), label="line")
     slot = data.draw(st.sampled_from(_slots(lines[at])), label="slot")
-    parent = lines[at]
-    for key in slot[:-1]:
-        parent = parent[key]
-    parent[slot[-1]] = data.draw(JSON_VALUES, label="value")
+    _replace(lines[at], slot, data.draw(JSON_VALUES, label="value"))
     result = check_trace(write(tmp_path, lines), fmt)
     assert result.exit_code in (0, 1, 2)
     if result.exit_code == 2 and fmt != "vllm-events":
         assert result.error_line is not None, result.error
+    code, report, _ = check_cli(tmp_path, tmp_path / "trace.jsonl", fmt)
+    assert code == result.exit_code and report["status"] == result.status
+
+
+# The JSON types of every field a format reads, by its place in a line (a list position is "[]");
+# "null" where the field may be null (absent). Fields a format keeps for the reader are not listed.
+NUMBER, OPTIONAL_INT = frozenset({"int", "float"}), frozenset({"int", "null"})
+OBSERVATION_TYPES: dict[str, frozenset[str]] = {
+    "observation": frozenset({"dict"}),
+    **{f"observation.{name}": frozenset({"int"}) for name in ("capacity", "free")},
+    **{f"observation.{name}": frozenset({"list"}) for name in ("objects", "requests")},
+    "observation.objects[]": frozenset({"dict"}),
+    **{f"observation.objects[].{name}": frozenset({"int"}) for name in ("size", "tokens", "ref_count")},
+    **{f"observation.objects[].{name}": OPTIONAL_INT for name in ("hits", "last_used")},
+    "observation.objects[].key.bytes": frozenset({"str"}),
+    "observation.requests[]": frozenset({"dict"}),
+    **{f"observation.requests[].{name}": frozenset({"str"}) for name in ("req", "state")},
+    **{f"observation.requests[].{name}": frozenset({"list"}) for name in ("tokens", "objects")},
+    **{f"observation.requests[].{name}": frozenset({"int"}) for name in ("tokens[]", "prompt_len")},
+    "observation.index": frozenset({"list", "null"}),
+    "observation.index[]": frozenset({"list"}),
+    "observation.index[][].bytes": frozenset({"str"}),
+}
+KVSPEC_HEADER_TYPES: dict[str, frozenset[str]] = {
+    "kvspec_trace": frozenset({"int"}),
+    **{name: frozenset({"str", "null"}) for name in ("adapter", "adapter_version")},
+    **{name: frozenset({"dict"}) for name in ("config", "semantics")},
+    **{f"config.{name}": frozenset({"int"}) for name in ("capacity", "block_size", "bytes_per_token")},
+    **{f"semantics.{name}": frozenset({"str"}) for name in ("granularity", "eviction", "duplicate_keys")},
+    **{f"semantics.{name}": frozenset({"bool"}) for name in ("hit_cap", "reset_requires_idle", "exact")},
+    "semantics.free_uncached": frozenset({"str"}),
+    "semantics.protect_min_hits": frozenset({"int"}),
+    "semantics.admission_anchor_blocks": OPTIONAL_INT,
+    **OBSERVATION_TYPES,
+}
+KVSPEC_STEP_TYPES: dict[str, frozenset[str]] = {
+    "step": frozenset({"int"}),
+    **{name: frozenset({"dict"}) for name in ("op", "outcome", "events[]")},
+    **{name: frozenset({"str"}) for name in ("op.op", "op.mode", "outcome.status", "outcome.message")},
+    "op.req": frozenset({"str", "null"}),
+    **{name: frozenset({"list"}) for name in ("op.tokens", "events")},
+    "op.tokens[]": frozenset({"int"}),
+    "op.keep": frozenset({"bool"}),
+    "outcome.hit_tokens": OPTIONAL_INT,
+    **{name: frozenset({"str"}) for name in ("events[].kind", "events[].key.bytes")},
+    **OBSERVATION_TYPES,
+}
+SIDE_HEADER_TYPES: dict[str, frozenset[str]] = {
+    "kvspec_side_table": frozenset({"int"}),
+    **{name: frozenset({"str", "null"}) for name in ("source", "policy")},
+    **{name: OPTIONAL_INT for name in ("num_blocks", "block_size")},
+    **{name: frozenset({"bool", "null"}) for name in ("hit_cap", "duplicate_hashes")},
+}
+HASH = frozenset({"str", "int"})
+SIDE_EVENT_TYPES: dict[str, frozenset[str]] = {
+    "event": frozenset({"str"}),
+    "ts": NUMBER | {"null"},
+    **{name: OPTIONAL_INT for name in ("seq", "ref_count", "hit_count", "delta", "prompt_tokens", "hit_tokens")},
+    "block_id": frozenset({"int"}),
+    **{name: HASH | {"null"} for name in ("block_hash", "candidates[].block_hash")},
+    **{name: frozenset({"str", "null"}) for name in ("state", "reason", "request_id")},
+    **{name: frozenset({"list"}) for name in ("block_hashes", "hit_blocks", "candidates")},
+    "block_hashes[]": HASH,
+    **{name: frozenset({"int"}) for name in ("hit_blocks[]", "candidates[].block_id")},
+    "candidates[]": frozenset({"dict"}),
+    "candidates[].retain_score": NUMBER | {"null"},
+    "candidates[].protected": frozenset({"bool", "null"}),
+}
+VLLM_TYPES: dict[str, frozenset[str]] = {
+    **{name: frozenset({"dict"}) for name in ("config", "request", "metrics", "reset", "events[]")},
+    **{f"config.{name}": OPTIONAL_INT for name in ("block_size", "num_gpu_blocks")},
+    **{f"config.{name}": frozenset({"str", "null"}) for name in ("hash_algo", "none_hash_seed", "events", "vllm")},
+    "seq": frozenset({"int"}),
+    **{name: NUMBER for name in ("ts", "request.started", "request.finished", "metrics.ts", "reset.ts")},
+    **{name: frozenset({"list"}) for name in ("events", "events[].block_hashes", "events[].token_ids")},
+    "events[].type": frozenset({"str"}),
+    "events[].block_hashes[]": HASH,
+    "events[].parent_block_hash": HASH | {"null"},
+    **{name: frozenset({"int"}) for name in ("events[].token_ids[]", "request.prompt_token_ids[]")},
+    **{name: OPTIONAL_INT for name in ("events[].block_size", "request.cached_tokens")},
+    "request.id": frozenset({"str"}),
+    "request.prompt_token_ids": frozenset({"list"}),
+    "request.output_token_ids": frozenset({"list", "null"}),
+    "request.output_token_ids[]": frozenset({"int"}),
+    "request.mode": frozenset({"str", "null"}),
+    **{name: frozenset({"bool", "null"}) for name in ("request.preempted", "metrics.idle", "reset.success")},
+    **{f"metrics.{name}": NUMBER | {"null"} for name in ("kv_cache_usage_perc", "num_preemptions_total")},
+}
+VALUES_OF_KIND: dict[str, st.SearchStrategy[Any]] = {
+    "null": st.none(),
+    "bool": st.booleans(),
+    "int": st.integers(-(2**70), 2**70) | HUGE_INTS,
+    "float": st.floats(allow_nan=False, allow_infinity=False),
+    "str": st.text(max_size=4),
+    "list": st.lists(st.integers(0, 9), max_size=3),
+    "dict": st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2),
+}
+
+
+def field_types(fmt: str, line: dict[str, Any]) -> dict[str, frozenset[str]]:
+    """The typed fields of one line of ``fmt``."""
+    if fmt == "kvspec":
+        return KVSPEC_HEADER_TYPES if "kvspec_trace" in line else KVSPEC_STEP_TYPES
+    if fmt == "side-table":
+        return SIDE_HEADER_TYPES if "kvspec_side_table" in line else SIDE_EVENT_TYPES
+    return VLLM_TYPES
+
+
+def _field(slot: tuple[Any, ...]) -> str:
+    return "".join("[]" if isinstance(key, int) else f".{key}" for key in slot).lstrip(".")
+
+
+def _kind(value: Any) -> str:
+    names = {type(None): "null", bool: "bool", int: "int", float: "float"}
+    return names.get(type(value), type(value).__name__)
+
+
+@pytest.mark.parametrize(("path", "fmt"), COMMITTED, ids=[p.stem for p, _ in COMMITTED])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_value_of_the_wrong_type_is_exit_2_with_its_line(
+    tmp_path: Path, path: Path, fmt: str, data: st.DataObject
+) -> None:
+    """Give any field a format reads a value of another JSON type: exit 2 naming that line, never a verdict."""
+    lines = load(path)
+    by_field: dict[str, list[tuple[int, tuple[Any, ...]]]] = {}
+    for at, line in enumerate(lines):
+        types = field_types(fmt, line)
+        for slot in _slots(line):
+            if _field(slot) in types:
+                by_field.setdefault(_field(slot), []).append((at, slot))
+    name = data.draw(st.sampled_from(sorted(by_field)), label="field")
+    at, slot = data.draw(st.sampled_from(by_field[name]), label="where")
+    wrong = sorted(set(VALUES_OF_KIND) - field_types(fmt, lines[at])[name])
+    value = data.draw(st.sampled_from(wrong).flatmap(VALUES_OF_KIND.__getitem__), label="value")
+    assert _kind(value) in wrong
+    _replace(lines[at], slot, value)
+    code, report, err = check_cli(tmp_path, write(tmp_path, lines), fmt)
+    assert code == 2 and report["status"] == "error", (report["status"], report["trace"])
+    assert report["trace"]["error_line"] == at + 1 and f":{at + 1}: " in err, err
 
 
 def test_unreadable_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

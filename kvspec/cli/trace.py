@@ -7,19 +7,16 @@ command could not run (unreadable file, malformed line, adapter failure).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from kvspec import jsonio
 from kvspec.report import ExitCode
-from kvspec.spec import Config, SpecError
-from kvspec.traces import FORMATS, check_trace, detect_format
-from kvspec.traces.lines import TraceFormatError
+from kvspec.spec import Config
+from kvspec.traces import AUTO, FORMATS, check_trace, values
 
 from .common import fail
-
-AUTO = "auto"
 
 
 def register(subparsers: Any) -> None:
@@ -58,15 +55,17 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    fmt = args.format
-    if fmt == AUTO:
+    if args.report is not None:
         try:
-            fmt = detect_format(args.file)
-        except TraceFormatError as exc:
-            return fail(f"{args.file}: {exc}")
-    result = check_trace(args.file, fmt, context=max(args.context, 0))
+            jsonio.ensure_writable(args.report)
+        except OSError as exc:
+            return fail(f"{args.report}: cannot write the report: {exc}")
+    result = check_trace(args.file, args.format, context=max(args.context, 0))
     report = result.report()
-    report.write(args.report)
+    try:
+        report.write(args.report)
+    except OSError as exc:
+        return fail(f"{args.report}: cannot write the report: {exc}")
     print(report.table())
     if result.status == "error":
         where = f":{result.error_line}" if result.error_line is not None else ""
@@ -74,31 +73,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _ops_source(args: argparse.Namespace) -> tuple[dict[str, int], list[Any] | None]:
-    """Config fields and ops from --ops (a case or a workload), or no ops (random ones are drawn)."""
-    if args.ops is None:
-        return {}, None
-    data = json.loads(args.ops.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
-        raise ValueError(f"{args.ops} has no 'ops' list (expected a kvspec case or workload file)")
-    fields: dict[str, int] = {}
-    if isinstance(data.get("config"), dict):
-        fields.update(Config.from_json(data["config"]).to_json())
-    if isinstance(data.get("block_size"), int):
-        fields["block_size"] = data["block_size"]
-    from kvspec.spec import Op
-
-    return fields, [Op.from_json(op) for op in data["ops"]]
-
-
 def cmd_record(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
-    from kvspec.traces.record import RandomOps, RecordedStep, drive, write_kvspec_trace, write_side_table
+    from kvspec.traces.record import RandomOps, RecordedStep, drive, load_ops, write_kvspec_trace, write_side_table
 
     try:
-        fields, ops = _ops_source(args)
-    except (OSError, ValueError, SpecError, TypeError, AttributeError) as exc:
-        return fail(f"cannot read ops from {args.ops}: {exc}")
+        jsonio.ensure_writable(args.out)
+    except OSError as exc:
+        return fail(f"{args.out}: cannot write the trace: {exc}")
+    fields: dict[str, int] = {}
+    ops = None
+    if args.ops is not None:
+        try:
+            fields, ops = load_ops(args.ops)
+        except OSError as exc:
+            return fail(f"{args.ops}: cannot read the ops: {exc.strerror or exc}")
+        except ValueError as exc:
+            return fail(f"{args.ops}: {exc}")
     try:
         adapter = load(args.adapter)()
     except (AdapterLoadError, Exception) as exc:
@@ -110,10 +101,11 @@ def cmd_record(args: argparse.Namespace) -> int:
         fields["block_size"] = args.block_size
     try:
         config = caps.fixed_config or Config(**{"capacity": 8, "block_size": 4, **fields})
-    except SpecError as exc:
-        print(f"kvspec: bad pool: {exc}", file=sys.stderr)
+        if caps.fixed_config is None and caps.semantics.granularity != "entry":
+            values.blocks("capacity", config.capacity)  # a pool in blocks: the kit's limit
+    except ValueError as exc:  # SpecError is one
         adapter.close()
-        return ExitCode.COULD_NOT_RUN
+        return fail(f"bad pool: {exc}")
     source = ops if ops is not None else RandomOps(args.seed, config, caps.ops, caps.semantics.granularity).next
     recorded: list[RecordedStep] = []
     code = ExitCode.HELD
@@ -130,6 +122,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             write_kvspec_trace(args.out, adapter, config, recorded, observations=not args.no_observations)
     except ValueError as exc:
         return fail(f"{exc}")
+    except OSError as exc:
+        return fail(f"{args.out}: cannot write the trace: {exc}")
     finally:
         adapter.close()
     print(f"recorded {len(recorded)} steps of {adapter.name} ({args.format}) to {args.out}")

@@ -4,12 +4,14 @@
 own trace, vLLM's KV cache events, a KV block side table), replays it, and
 returns a TraceResult: per invariant held, violated or unknown with the lines
 it was checked on, and the first violation with its line and the lines before
-it. A log that cannot be read is an error with its line number, never a crash.
+it. A log that cannot be read is an error with its line number, never a crash;
+so is a log in which nothing is a record of the format (a trace of another
+format read with the wrong ``--format``), which must never read as a pass.
 
 A format is one module of this package, listed in ``FORMATS``, with:
 ``DESCRIPTION`` (one line, for ``--help``), ``INVARIANTS`` (what it judges, in
-report order), ``recognizes(first_line) -> bool`` (for ``--format auto``) and
-``check(lines, judge)``.
+report order), ``recognizes(line) -> bool`` (whether a line is one of its
+records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``.
 """
 
 from __future__ import annotations
@@ -30,32 +32,53 @@ FORMATS: dict[str, ModuleType] = {
 }
 """Every trace format by name; ``--format auto`` asks each in this order whether it recognizes line 1."""
 
+AUTO = "auto"
+"""The format name that means: the format whose records line 1 is."""
 
-def detect_format(path: Path | str) -> str:
-    """The format of a trace from its first line; TraceFormatError when no format recognizes it."""
-    first = read_lines(Path(path))[0]
+
+def _detect(lines: list[Line]) -> str:
+    first = lines[0]
     for name, module in FORMATS.items():
         if module.recognizes(first.data):
             return name
     raise TraceFormatError(first.number, "cannot tell the trace's format from its first line; pass --format")
 
 
+def detect_format(path: Path | str) -> str:
+    """The format of a trace from its first line; TraceFormatError when no format recognizes it."""
+    return _detect(read_lines(Path(path)))
+
+
+def _replay(module: ModuleType, lines: list[Line], judge: Judge) -> None:
+    """Run the format's check; a file with nothing of the format in it is an error, never an empty pass."""
+    result = judge.result
+    nothing = f"nothing in this file is a {result.fmt} record"
+    if not any(module.recognizes(line.data) for line in lines):
+        raise TraceFormatError(None, nothing)
+    checker: Callable[[list[Line], Judge], None] = module.check
+    checker(lines, judge)
+    if result.violation is None and not result.steps and not result.checked:
+        judge.current = None
+        raise TraceFormatError(None, f"{nothing} that could be checked: no step was replayed")
+
+
 def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
-    """Check the trace at ``path`` in format ``fmt``; the result's exit_code is 0, 1 or 2.
+    """Check the trace at ``path`` in format ``fmt`` (a FORMATS name, or AUTO); exit_code is 0, 1 or 2.
 
     ``context``: how many lines before the first violation the result keeps.
     """
-    module = FORMATS.get(fmt)
-    if module is None:
+    if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
-    result = TraceResult(str(path), fmt, module.INVARIANTS)
+    result = TraceResult(str(path), fmt, FORMATS[fmt].INVARIANTS if fmt in FORMATS else ())
     t0 = time.perf_counter()
     judge: Judge | None = None
     try:
         lines = read_lines(Path(path))
-        checker: Callable[[list[Line], Judge], None] = module.check
+        if fmt == AUTO:
+            result.fmt = _detect(lines)
+            result.invariants = FORMATS[result.fmt].INVARIANTS
         judge = Judge(result, lines, context)
-        checker(lines, judge)
+        _replay(FORMATS[result.fmt], lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError, RecursionError) as exc:
@@ -68,6 +91,7 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
 
 
 __all__ = [
+    "AUTO",
     "FORMATS",
     "TraceFormatError",
     "TraceInvariant",

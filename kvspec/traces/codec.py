@@ -17,6 +17,7 @@ from typing import Any
 
 from kvspec.spec import Event, ObjectView, Observation, RequestView
 
+from . import values
 from .lines import TraceFormatError
 
 
@@ -91,13 +92,53 @@ def observation_to_json(obs: Observation) -> dict[str, Any]:
     }
 
 
-def _int(data: dict[str, Any], name: str, line: int | None, optional: bool = False) -> Any:
-    value = data.get(name)
-    if value is None and optional:
+def _objects(data: dict[str, Any], line: int | None) -> dict[Any, ObjectView]:
+    objects: dict[Any, ObjectView] = {}
+    for i, found in enumerate(values.array("objects", data.get("objects"))):
+        where = f"objects[{i}]"
+        o = values.mapping(where, found)
+        hits, last_used = o.get("hits"), o.get("last_used")
+        oid = decode(o.get("oid"), line)
+        objects[oid] = ObjectView(
+            oid,
+            values.integer(f"{where}.size", o.get("size")),
+            values.integer(f"{where}.tokens", o.get("tokens")),
+            values.integer(f"{where}.ref_count", o.get("ref_count")),
+            decode(o.get("key"), line),
+            None if hits is None else values.integer(f"{where}.hits", hits),
+            None if last_used is None else values.integer(f"{where}.last_used", last_used),
+        )
+    return objects
+
+
+def _requests(data: dict[str, Any], line: int | None) -> dict[str, RequestView]:
+    requests: dict[str, RequestView] = {}
+    for i, found in enumerate(values.array("requests", data.get("requests"))):
+        where = f"requests[{i}]"
+        r = values.mapping(where, found)
+        req = values.string(f"{where}.req", r.get("req"))
+        tokens = values.array(f"{where}.tokens", r.get("tokens"))
+        requests[req] = RequestView(
+            req,
+            tuple(values.integer(f"{where}.tokens[{j}]", t) for j, t in enumerate(tokens)),
+            values.integer(f"{where}.prompt_len", r.get("prompt_len")),
+            tuple(decode(oid, line) for oid in values.array(f"{where}.objects", r.get("objects"))),
+            values.choice(f"{where}.state", r.get("state", "running"), ("running", "preempted")),
+        )
+    return requests
+
+
+def _index(data: dict[str, Any], line: int | None) -> dict[Any, tuple[Any, ...]] | None:
+    raw = data.get("index")
+    if raw is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TraceFormatError(line, f"observation field {name!r} must be an integer, not {value!r}")
-    return value
+    index: dict[Any, tuple[Any, ...]] = {}
+    for i, pair in enumerate(values.array("index", raw)):
+        entry = values.array(f"index[{i}]", pair)
+        if len(entry) != 2:
+            raise ValueError(f"field 'index[{i}]' must be a [key, [oids]] pair, not {len(entry)} values")
+        index[decode(entry[0], line)] = tuple(decode(o, line) for o in values.array(f"index[{i}][1]", entry[1]))
+    return index
 
 
 def observation_from_json(data: Any, line: int | None = None) -> Observation:
@@ -105,37 +146,15 @@ def observation_from_json(data: Any, line: int | None = None) -> Observation:
     if not isinstance(data, dict):
         raise TraceFormatError(line, "observation must be an object")
     try:
-        objects: dict[Any, ObjectView] = {}
-        for o in data["objects"]:
-            oid = decode(o["oid"], line)
-            objects[oid] = ObjectView(
-                oid,
-                _int(o, "size", line),
-                _int(o, "tokens", line),
-                _int(o, "ref_count", line),
-                decode(o.get("key"), line),
-                _int(o, "hits", line, optional=True),
-                _int(o, "last_used", line, optional=True),
-            )
-        requests: dict[str, RequestView] = {}
-        for r in data["requests"]:
-            state = r.get("state", "running")
-            if state not in ("running", "preempted"):
-                raise TraceFormatError(line, f"request state {state!r} is neither running nor preempted")
-            requests[str(r["req"])] = RequestView(
-                str(r["req"]),
-                tuple(int(t) for t in r["tokens"]),
-                _int(r, "prompt_len", line),
-                tuple(decode(oid, line) for oid in r["objects"]),
-                state,
-            )
-        raw_index = data.get("index")
-        index = (
-            None if raw_index is None else {decode(k, line): tuple(decode(o, line) for o in v) for k, v in raw_index}
+        return Observation(
+            values.integer("capacity", data.get("capacity")),
+            values.integer("free", data.get("free")),
+            _objects(data, line),
+            _requests(data, line),
+            _index(data, line),
         )
-        return Observation(_int(data, "capacity", line), _int(data, "free", line), objects, requests, index)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(line, f"malformed observation: {type(exc).__name__}: {exc}") from exc
+    except ValueError as exc:
+        raise TraceFormatError(line, f"malformed observation: {exc}") from None
 
 
 def event_to_json(event: Event) -> dict[str, Any]:

@@ -12,7 +12,7 @@ suite runs them on a live adapter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
@@ -25,18 +25,17 @@ from kvspec.spec import (
     Op,
     Outcome,
     Semantics,
-    SpecError,
     Transition,
     check_transition,
 )
 
+from . import values
 from .codec import event_from_json, event_to_json, observation_from_json, observation_to_json
 from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant
 
 TRACE_SCHEMA = 1
 DESCRIPTION = "kvspec's own trace"
-MAX_REPLAY_BLOCKS = 1 << 20
 TRACE_ORDER = "trace_order"
 
 INVARIANTS: tuple[TraceInvariant, ...] = (
@@ -93,59 +92,62 @@ def semantics_from_json(data: Any, line: int) -> Semantics:
     if not isinstance(data, dict):
         raise TraceFormatError(line, "semantics must be an object")
     hints = get_type_hints(Semantics)
-    fields = {}
-    for name, value in data.items():
-        if name not in Semantics.__dataclass_fields__:
-            continue
-        allowed = get_args(hints[name]) if get_origin(hints[name]) is Literal else ()
-        if allowed and value not in allowed:
-            raise TraceFormatError(line, f"semantics {name} must be one of {allowed}, not {value!r}")
-        plain = hints[name] if hints[name] in (bool, int, float, str) else None
-        if plain is not None and type(value) is not plain and not (plain is float and type(value) is int):
-            raise TraceFormatError(line, f"semantics {name} must be a {hints[name].__name__}, not {value!r}")
-        fields[name] = value
-    return Semantics(**fields)
+    try:
+        fields = {
+            name: _semantics_field(f"semantics.{name}", value, hints[name])
+            for name, value in data.items()
+            if name in Semantics.__dataclass_fields__
+        }
+        return Semantics(**fields)
+    except ValueError as exc:  # SpecError is one: a value of the right type the spec refuses
+        raise TraceFormatError(line, str(exc)) from None
+
+
+_PLAIN: dict[Any, Callable[[str, object], object]] = {
+    bool: values.boolean,
+    int: values.integer,
+    float: values.number,
+    str: values.string,
+}
+
+
+def _semantics_field(name: str, value: object, hint: Any) -> Any:
+    """``value`` checked against a field's annotation: a Literal's options, a plain type, or None when optional."""
+    options = get_args(hint)
+    if get_origin(hint) is Literal:
+        return values.choice(name, value, options)
+    if value is None and type(None) in options:
+        return None
+    read = next((_PLAIN[t] for t in (hint, *options) if t in _PLAIN), None)
+    return value if read is None else read(name, value)
 
 
 def _outcome(line: Line) -> Outcome:
     data = line.need("outcome")
-    if not isinstance(data, dict) or data.get("status") not in ("ok", "refused", "invalid"):
+    if not isinstance(data, dict):
         raise TraceFormatError(line.number, f"outcome must be an object with status ok|refused|invalid, not {data!r}")
+    status = line.typed(values.choice, "outcome.status", data.get("status"), allowed=("ok", "refused", "invalid"))
     hit = data.get("hit_tokens")
     if hit is not None:
         hit = line.as_int("outcome.hit_tokens", hit)
-    return Outcome(data["status"], hit, str(data.get("message", "")))
-
-
-def _op(line: Line) -> Op:
-    data = line.need("op")
-    if not isinstance(data, dict):
-        raise TraceFormatError(line.number, "op must be an object")
-    try:
-        return Op.from_json(data)
-    except (SpecError, TypeError, ValueError) as exc:
-        raise TraceFormatError(line.number, f"malformed op: {exc}") from exc
+    return Outcome(status, hit, line.typed(values.string, "outcome.message", data.get("message", "")))
 
 
 def check(lines: list[Line], judge: Judge) -> None:
     """Replay a kvspec trace through the spec; stop at the first violated invariant."""
     head = lines[0]
     judge.at(head)
-    if head.data.get("kvspec_trace") != TRACE_SCHEMA:
-        raise TraceFormatError(
-            head.number, f"not a kvspec trace header (kvspec_trace={head.data.get('kvspec_trace')!r})"
-        )
-    try:
-        config = Config.from_json(head.need("config"))
-    except (SpecError, TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(head.number, f"malformed config: {exc}") from exc
+    version = head.data.get("kvspec_trace")
+    if type(version) is not int or version != TRACE_SCHEMA:
+        raise TraceFormatError(head.number, f"not a kvspec trace header (kvspec_trace={version!r})")
+    config = head.typed(values.config, "config", head.need("config"))
     semantics = semantics_from_json(head.need("semantics"), head.number)
-    if semantics.granularity == "block" and config.capacity > MAX_REPLAY_BLOCKS:
-        # The spec's ledger keeps one slot per block: a corrupted capacity must not exhaust memory.
-        raise TraceFormatError(head.number, f"capacity {config.capacity} is more blocks than the replay takes")
+    if semantics.granularity != "entry":
+        # A pool counted in blocks; the spec's block ledger keeps one slot per block.
+        head.typed(values.blocks, "config.capacity", config.capacity)
     result = judge.result
-    result.adapter = str(head.data.get("adapter", ""))
-    result.adapter_version = str(head.data.get("adapter_version", ""))
+    result.adapter = head.opt(values.string, "adapter") or ""
+    result.adapter_version = head.opt(values.string, "adapter_version") or ""
     model = LedgerModel(config, semantics) if semantics.exact else None
     if model is None:
         for inv in SPEC_INVARIANTS:
@@ -160,7 +162,7 @@ def check(lines: list[Line], judge: Judge) -> None:
         order = [] if number == step else [_order_problem(step, number)]
         if judge.judge(line, step, {TRACE_ORDER: order}):
             return
-        op, outcome = _op(line), _outcome(line)
+        op, outcome = line.typed(values.op, "op", line.need("op")), _outcome(line)
         events = tuple(event_from_json(e, line.number) for e in line.need_list("events"))
         after = observation_from_json(line.data["observation"], line.number) if "observation" in line.data else None
         predicted = model.step(op) if model is not None else None

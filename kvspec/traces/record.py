@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvspec import jsonio
 from kvspec.adapters.base import Adapter
-from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, SpecError, size_of
+from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, size_of
 from kvspec.spec.ops import OpKind
 
+from . import values
 from .kvspec_format import header_json, step_json
 
 
@@ -34,20 +36,23 @@ class RecordedStep:
     after: Observation
 
 
-def load_ops(path: Path) -> tuple[Config | None, list[Op]]:
-    """Ops (and the pool, when given) from a case file (``kvspec_case``) or a workload ``{"ops": [...]}``.
+def load_ops(path: Path) -> tuple[dict[str, int], list[Op]]:
+    """Ops, and the pool fields the file gives, from a case file (``kvspec_case``: its ``config``) or a
+    workload (``{"ops": [...]}``, its ``block_size``).
 
-    Raises ValueError for a file that is neither.
+    Strict: OSError when the file cannot be read; ValueError (one line) when it is not JSON, has no
+    ``ops`` list, or holds a value of the wrong type (an op of the case schema's shape, a pool of
+    positive integers; values.py).
     """
-    data = json.loads(path.read_text())
+    data = jsonio.load(path)
     if not isinstance(data, dict) or not isinstance(data.get("ops"), list):
-        raise ValueError(f"{path} has no 'ops' list (expected a kvspec case or a workload file)")
-    config = Config.from_json(data["config"]) if isinstance(data.get("config"), dict) else None
-    try:
-        ops = [Op.from_json(op) for op in data["ops"]]
-    except (SpecError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: malformed op: {exc}") from exc
-    return config, ops
+        raise ValueError("has no 'ops' list (expected a kvspec case or a workload file)")
+    fields: dict[str, int] = {}
+    if "config" in data:
+        fields.update(values.config("config", data["config"]).to_json())
+    if "block_size" in data:
+        fields["block_size"] = values.integer("block_size", data["block_size"], minimum=1)
+    return fields, [values.op(f"ops[{i}]", op) for i, op in enumerate(data["ops"])]
 
 
 class RandomOps:
@@ -131,8 +136,8 @@ def write_kvspec_trace(
 
 
 def write_jsonl(path: Path, lines: Sequence[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines))
+    """One strict JSON object a line (ValueError on NaN or Infinity), written atomically (kvspec.jsonio)."""
+    jsonio.write_text(path, "".join(json.dumps(line, separators=(",", ":"), allow_nan=False) + "\n" for line in lines))
 
 
 def _hash_json(key: object) -> str | int:

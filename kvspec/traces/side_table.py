@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import values
 from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant
 
@@ -42,6 +43,8 @@ EVENTS = (
     "block_evicted",
 )
 STATES = ("free", "allocated", "sealed", "cached", "evicted")
+# Why a block left the cache: only an eviction ("evict") is the policy's choice; a reclaim or a reset is not.
+REASONS = ("evict", "reclaim", "reset")
 # Policies whose choice a ranking determines: "order" keeps the ranked order (a free queue), "score" evicts the
 # lowest retain_score first; family_protect keeps the order but passes over protected candidates while it can.
 POLICIES = {"lru": "order", "shared_aware": "score", "family_protect": "protect"}
@@ -86,28 +89,17 @@ class Header:
 
     @classmethod
     def from_line(cls, line: Line) -> Header:
-        policy = line.data.get("policy")
-        if policy is not None and not isinstance(policy, str):
-            raise TraceFormatError(line.number, f"policy must be a string, not {policy!r}")
-        flags = {}
-        for name in ("hit_cap", "duplicate_hashes"):
-            value = line.data.get(name, False)
-            if not isinstance(value, bool):
-                raise TraceFormatError(line.number, f"{name} must be true or false, not {value!r}")
-            flags[name] = value
         return cls(
-            line.opt_int("num_blocks", minimum=1),
+            line.opt(values.blocks, "num_blocks"),
             line.opt_int("block_size", minimum=1),
-            policy,
-            flags["hit_cap"],
-            flags["duplicate_hashes"],
+            line.opt(values.choice, "policy", allowed=tuple(POLICIES)),
+            bool(line.opt(values.boolean, "hit_cap")),
+            bool(line.opt(values.boolean, "duplicate_hashes")),
         )
 
 
 def _hash(line: Line, name: str, value: Any) -> Hashable:
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise TraceFormatError(line.number, f"{name} must be a string or an integer, not {value!r}")
-    return value
+    return line.typed(values.block_hash, name, value)
 
 
 @dataclass
@@ -172,10 +164,8 @@ class SideTableLedger:
             if recorded != block.block_hash:
                 problems.append(f"block {block_id}: recorded hash {recorded!r}, cached as {block.block_hash!r}")
             results["cache_index_consistency"] = problems
-        state = None if "state" in skip else line.data.get("state")
+        state = None if "state" in skip else line.opt(values.choice, "state", allowed=STATES)
         if state is not None:
-            if state not in STATES:
-                raise TraceFormatError(line.number, f"state {state!r} is not one of {', '.join(STATES)}")
             problems = results.get("lifecycle_transitions") or []
             if state != block.state:
                 problems.append(f"block {block_id}: recorded state {state!r}, the replay gives {block.state!r}")
@@ -262,8 +252,7 @@ class SideTableLedger:
         else:
             results["no_active_eviction"] = []
             results["lifecycle_transitions"] = self._move(block_id, block, "block_evicted", ("cached",))
-        reason = line.data.get("reason", "evict")
-        if reason == "evict":
+        if (line.opt(values.choice, "reason", allowed=REASONS) or "evict") == "evict":
             results["policy_conformance"] = self._policy(block_id, line)
         # ref_count, hit_count and block_hash describe the block as it goes; state is where it goes.
         self._recorded(line, block_id, block, results, skip=("state",))
@@ -280,9 +269,11 @@ class SideTableLedger:
             if not isinstance(c, dict):
                 raise TraceFormatError(line.number, f"a candidate must be an object, not {c!r}")
             block_id = line.as_int("candidates[].block_id", c.get("block_id"), minimum=0)
-            score = c.get("retain_score")
-            if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
-                raise TraceFormatError(line.number, f"retain_score must be a number, not {score!r}")
+            for name, read in (("retain_score", values.number), ("protected", values.boolean)):
+                if c.get(name) is not None:
+                    line.typed(read, f"candidates[].{name}", c[name])
+            if c.get("block_hash") is not None:
+                _hash(line, "candidates[].block_hash", c["block_hash"])
             block = self.blocks.get(block_id, _Block())
             if block.state != "cached":
                 problems.append(
@@ -321,6 +312,7 @@ class SideTableLedger:
         ]
 
     def _on_prefix_lookup(self, line: Line) -> dict[str, Problems]:
+        line.opt(values.string, "request_id")
         hashes = [_hash(line, "block_hashes[]", h) for h in line.need_list("block_hashes")]
         hit_blocks = [line.as_int("hit_blocks[]", b, minimum=0) for b in line.need_list("hit_blocks")]
         index_problems = []
@@ -348,6 +340,8 @@ class SideTableLedger:
         return results
 
     def _on_cache_admission_limited(self, line: Line) -> dict[str, Problems]:
+        line.opt(values.string, "request_id")
+        line.opt(values.string, "reason")
         return {}
 
     def _unindex(self, block_id: int, block_hash: Hashable) -> None:
@@ -368,12 +362,12 @@ def check(lines: list[Line], judge: Judge) -> None:
     header = Header()
     events = lines
     if "kvspec_side_table" in lines[0].data:
-        if lines[0].data["kvspec_side_table"] != SIDE_TABLE_SCHEMA:
-            raise TraceFormatError(
-                lines[0].number, f"unsupported side table version {lines[0].data['kvspec_side_table']!r}"
-            )
+        judge.at(lines[0])
+        version = lines[0].data["kvspec_side_table"]
+        if type(version) is not int or version != SIDE_TABLE_SCHEMA:
+            raise TraceFormatError(lines[0].number, f"unsupported side table version {version!r}")
         header, events = Header.from_line(lines[0]), lines[1:]
-        judge.result.adapter = str(lines[0].data.get("source", ""))
+        judge.result.adapter = lines[0].opt(values.string, "source") or ""
     if header.num_blocks is None:
         judge.unknown("capacity_conservation", "the header gives no num_blocks")
     if header.policy not in POLICIES:

@@ -4,20 +4,22 @@ The log (docs/traces.md, and adapters/vllm_live/recorded.py, which owns the
 schema) holds, one record a line: ``{"config": {...}}`` (block size, pool size,
 hash recipe), ZMQ batches ``{"seq", "ts", "events": [BlockStored |
 BlockRemoved | AllBlocksCleared ...]}``, completed requests ``{"request":
-{...}}``, gauge snapshots ``{"metrics": {...}}`` and prefix-cache resets
-``{"reset": {...}}``; lines of other shapes are notes and are skipped. This
-module checks each record's shape with its line number, hands the records to
+{...}}``, gauge snapshots ``{"metrics": {...}}``, prefix-cache resets
+``{"reset": {...}}`` and lost batches ``{"gap": {...}}``; lines of other shapes
+are notes and are skipped. This module checks each record's shape and the type
+of every field the checker reads with its line number, hands the records to
 ``check_recorded`` (the stream ledger of spec/stream.py) and maps its verdicts
 and first violation back to lines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvspec.spec.stream import STREAM_INVARIANTS, MetricSnapshot, RequestRecord
+from kvspec.spec.stream import STREAM_INVARIANTS
 
+from . import values
 from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant, TraceViolation
 
@@ -37,60 +39,99 @@ def recognizes(first: Mapping[str, Any]) -> bool:
 
 def kind_of(data: Mapping[str, Any]) -> str | None:
     """The record kind, in the order check_recorded tells them apart; None for a note."""
-    for kind in ("reset", "config", "request", "metrics"):
+    for kind in ("gap", "reset", "config", "request", "metrics"):
         if kind in data:
             return kind
     return "batch" if "seq" in data and "events" in data else None
 
 
-def _number(line: Line, data: Mapping[str, Any], name: str) -> None:
-    value = data.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TraceFormatError(line.number, f"{name} must be a number, not {value!r}")
+def _positive(name: str, value: object) -> int:
+    return values.integer(name, value, minimum=1)
 
 
-def _validate_batch(line: Line) -> None:
-    line.need_int("seq")
-    _number(line, line.data, "ts")
-    for i, event in enumerate(line.need_list("events")):
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            raise TraceFormatError(line.number, f"event {i} is not a map tagged by 'type': {event!r}")
-        if event["type"] in ("BlockStored", "BlockRemoved") and not isinstance(event.get("block_hashes"), list):
-            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has no block_hashes list")
-        if event["type"] == "BlockStored" and not isinstance(event.get("token_ids"), list):
-            raise TraceFormatError(line.number, f"event {i} (BlockStored) has no token_ids list")
-        hashes = [
-            *event.get("block_hashes", []),
-            *([event["parent_block_hash"]] if event.get("parent_block_hash") else []),
-        ]
-        if any(isinstance(h, list | dict) for h in hashes):
-            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has a block hash that is not a scalar")
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in event.get("token_ids", [])):
-            raise TraceFormatError(line.number, f"event {i} ({event['type']}) has token_ids that are not integers")
+def _count(name: str, value: object) -> int:
+    return values.integer(name, value, minimum=0)
+
+
+def _integers(name: str, value: object) -> None:
+    for i, item in enumerate(values.array(name, value)):
+        values.integer(f"{name}[{i}]", item)
+
+
+def _event(name: str, found: object) -> None:
+    event = values.mapping(name, found)
+    kind = values.string(f"{name}.type", event.get("type"))
+    if kind in ("BlockStored", "BlockRemoved"):
+        for i, key in enumerate(values.array(f"{name}.block_hashes", event.get("block_hashes"))):
+            values.block_hash(f"{name}.block_hashes[{i}]", key)
+    if kind == "BlockStored":
+        _integers(f"{name}.token_ids", event.get("token_ids"))
+        if event.get("parent_block_hash") is not None:
+            values.block_hash(f"{name}.parent_block_hash", event["parent_block_hash"])
+        if event.get("block_size") is not None:
+            _positive(f"{name}.block_size", event["block_size"])
+
+
+def _batch(data: dict[str, Any]) -> None:
+    values.integer("seq", data.get("seq"))
+    values.number("ts", data.get("ts"))
+    for i, event in enumerate(values.array("events", data.get("events"))):
+        _event(f"events[{i}]", event)
+
+
+# The fields of each record kind the checker reads: name -> (reader of values.py, required). An optional
+# field may be absent or null. The batch, which nests its events, is read by _batch.
+Reader = Callable[[str, object], object]
+_FIELDS: dict[str, dict[str, tuple[Reader, bool]]] = {
+    "request": {
+        "id": (values.string, True),
+        "prompt_token_ids": (_integers, True),
+        "output_token_ids": (_integers, False),
+        "cached_tokens": (_count, False),
+        "started": (values.number, True),
+        "finished": (values.number, True),
+        "mode": (values.string, False),
+        "preempted": (values.boolean, False),
+    },
+    "metrics": {
+        "ts": (values.number, True),
+        "idle": (values.boolean, False),
+        "kv_cache_usage_perc": (values.number, False),
+        "num_preemptions_total": (values.number, False),
+    },
+    "reset": {"ts": (values.number, True), "success": (values.boolean, False)},
+    "gap": {"from": (values.integer, True), "to": (values.integer, True)},
+    "config": {
+        "block_size": (_positive, False),
+        "num_gpu_blocks": (values.blocks, False),
+        "hash_algo": (values.string, False),
+        "none_hash_seed": (values.string, False),
+        "events": (values.string, False),
+        "vllm": (values.string, False),
+        "initial_cache": (lambda name, value: values.choice(name, value, ("empty", "unknown")), False),
+        "hashes_recomputable": (values.boolean, False),
+    },
+}
+
+
+def _record(kind: str, data: dict[str, Any]) -> None:
+    body = values.mapping(kind, data[kind])
+    for name, (read, required) in _FIELDS[kind].items():
+        if required or body.get(name) is not None:
+            read(f"{kind}.{name}", body.get(name))
 
 
 def validate(line: Line) -> str | None:
-    """Check one record's shape as the checker will read it; returns its kind (None: a note, skipped)."""
+    """Check one record's shape and types as the checker will read them; its kind (None: a note, skipped)."""
     kind = kind_of(line.data)
-    try:
-        if kind == "batch":
-            _validate_batch(line)
-        elif kind == "request":
-            RequestRecord.from_json(line.data["request"])
-        elif kind == "metrics":
-            MetricSnapshot.from_json(line.data["metrics"])
-        elif kind == "reset":
-            _number(line, line.data["reset"], "ts")
-        elif kind == "config":
-            config = line.data["config"]
-            if not isinstance(config, dict):
-                raise TraceFormatError(line.number, "config must be an object")
-            for name in ("block_size", "num_gpu_blocks"):
-                value = config.get(name)
-                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                    raise TraceFormatError(line.number, f"config {name} must be a positive integer, not {value!r}")
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise TraceFormatError(line.number, f"malformed {kind} record: {type(exc).__name__}: {exc}") from exc
+    if kind is not None:
+        try:
+            if kind == "batch":
+                _batch(line.data)
+            else:
+                _record(kind, line.data)
+        except ValueError as exc:
+            raise TraceFormatError(line.number, f"malformed {kind} record: {exc}") from None
     return kind
 
 
