@@ -9,12 +9,11 @@ rejected with one line naming the first place that is wrong, before anything run
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec import schemas
+from kvspec import jsonio, schemas
 from kvspec.spec import Config, Op
 
 CASE_SCHEMA = 1
@@ -55,17 +54,17 @@ class Case:
 
     def save(self, directory: Path) -> Path:
         """Write the case under ``directory``, named by adapter, broken invariant and a digest of its content."""
-        directory.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_json(), indent=1)
+        text = jsonio.dumps(self.to_json(), indent=1)
         digest = hashlib.sha256(text.encode()).hexdigest()[:10]
         adapter = self.adapter.replace("/", "_").replace(":", "_")
         path = directory / f"{adapter}-{self.expected.get('invariant', 'case')}-{digest}.json"
-        path.write_text(text + "\n")
+        jsonio.write_text(path, text)
         return path
 
     @classmethod
     def load(cls, path: Path) -> Case:
-        return cls.from_json(json.loads(path.read_text()))
+        """The case in the file at ``path``: OSError when unreadable, ValueError (one line) when not a valid case."""
+        return cls.from_json(jsonio.load(path))
 
 
 __all__ = ["CASE_SCHEMA", "Case"]

@@ -222,8 +222,8 @@ class Report:
                 ET.SubElement(case, "skipped", message=message)
         if self.status == "error":
             ET.SubElement(suite, "error", message=self.error)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+        text = ET.tostring(suite, encoding="unicode", xml_declaration=True)
+        jsonio.write_text(path, text + "\n")
 
     def write(self, json_path: Path | None = None, junit_path: Path | None = None) -> None:
         """Write the JSON and JUnit files that were asked for."""

@@ -20,6 +20,12 @@ FreeUncached = Literal["tail", "head"]
 OP_KINDS: tuple[OpKind, ...] = ("admit", "append", "release", "preempt", "resume", "reset_cache")
 
 
+MAX_CAPACITY = 1 << 20
+"""The largest pool the kit builds (blocks; bytes at entry granularity): 2^20 blocks take about 600 MB in the
+spec's ledger and the reference adapter together. One limit for check, replay, trace record and trace check,
+checked before anything is allocated."""
+
+
 class SpecError(ValueError):
     """Bad input. The spec's defined outcome is this error and no state change."""
 
@@ -39,6 +45,8 @@ class Config:
     def __post_init__(self) -> None:
         if self.capacity <= 0 or self.block_size <= 0 or self.bytes_per_token <= 0:
             raise SpecError("capacity, block_size and bytes_per_token must be positive")
+        if self.capacity > MAX_CAPACITY:
+            raise SpecError(f"capacity {self.capacity} is larger than the kit's limit of {MAX_CAPACITY}")
 
     def to_json(self) -> dict[str, int]:
         return {

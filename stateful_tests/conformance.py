@@ -176,37 +176,38 @@ def run_check(
     result = Result(name, "", profile.name, seed, now(), tally)
     make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
     try:
-        if adapter is None:
-            adapter = make()
-        result.adapter_version = adapter.capabilities.version
-        result.applicable = applicable_invariants(adapter, refine)
-        result.given_cases = len(extra_cases)
-        for case in extra_cases:
-            violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
-            if violation is not None:
-                _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
-                return result
-        machine = build_machine(adapter, tally, profile.ranges, refine=refine)
-        if progress is not None:
-            machine = _with_progress(machine, tally, progress)
-        machine = _with_quality(machine, quality)
-        if seed is not None:
-            machine = hypothesis.seed(seed)(machine)
-        run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
-    except Violation as violation:
-        config, ops, final = tally.last_failure or (Config(), [], violation)
-        _record_failure(result, make, config, ops, final, cases_dir, name, refine)
-    except Flaky as exc:
-        result.status = "violated"
-        result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
-        if tally.last_failure is not None:
-            config, ops, seen = tally.last_failure
-            result.cases.append(str(_case(name, config, ops, seen).save(cases_dir)))
-    except AdapterHung as hung:
-        _record_hang(result, hung, cases_dir)
-    except KeyboardInterrupt:
-        result.status = "interrupted"
-        result.error = "interrupted"
+        try:
+            if adapter is None:
+                adapter = make()
+            result.adapter_version = adapter.capabilities.version
+            result.applicable = applicable_invariants(adapter, refine)
+            result.given_cases = len(extra_cases)
+            for case in extra_cases:
+                violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
+                if violation is not None:
+                    _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
+                    return result
+            machine = build_machine(adapter, tally, profile.ranges, refine=refine)
+            if progress is not None:
+                machine = _with_progress(machine, tally, progress)
+            machine = _with_quality(machine, quality)
+            if seed is not None:
+                machine = hypothesis.seed(seed)(machine)
+            run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
+        except Violation as violation:
+            config, ops, final = tally.last_failure or (Config(), [], violation)
+            _record_failure(result, make, config, ops, final, cases_dir, name, refine)
+        except Flaky as exc:
+            result.status = "violated"
+            result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
+            if tally.last_failure is not None:
+                config, ops, seen = tally.last_failure
+                result.cases.append(str(_case(name, config, ops, seen).save(cases_dir)))
+        except AdapterHung as hung:
+            _record_hang(result, hung, cases_dir)
+    except KeyboardInterrupt:  # at any moment: while searching, shrinking, or replaying the shrunk case
+        result.status, result.error = "interrupted", "interrupted"
+        _keep_what_was_found(result, cases_dir)
     except Exception as exc:  # the adapter could not be built or reset: the check could not run
         result.status = "error"
         result.error = f"{type(exc).__name__}: {exc}"
@@ -240,6 +241,16 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
         # The explain phase costs several times the shrink itself on stateful tests.
         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
     )
+
+
+def _keep_what_was_found(result: Result, cases_dir: Path) -> None:
+    """An interrupted run keeps its finding: the failure seen last (shrunk as far as it got) is saved as a case."""
+    found = result.tally.last_failure
+    if found is None or result.cases:
+        return
+    config, ops, violation = found
+    result.failure, result.failure_ops, result.failure_config = violation, list(ops), config
+    result.cases.append(str(_case(result.adapter, config, ops, violation).save(cases_dir)))
 
 
 def _record_hang(result: Result, hung: AdapterHung, cases_dir: Path) -> None:

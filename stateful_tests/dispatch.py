@@ -62,9 +62,9 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
             adapter.close()
             adapter = factory()
     except KeyboardInterrupt:
-        return _not_started(name, options, "interrupted", "interrupted")
+        return not_started(name, options, "interrupted", "interrupted")
     except Exception as exc:  # the adapter could not be built: the check could not run
-        return _not_started(name, options, "error", f"the adapter could not start: {_reason(exc)}")
+        return not_started(name, options, "error", f"the adapter could not start: {_reason(exc)}")
     if live:
         from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
 
@@ -108,7 +108,7 @@ def _reason(exc: Exception) -> str:
     return f"{kind}: {exc}"
 
 
-def _not_started(name: str, options: Options, status: Status, error: str) -> Report:
+def not_started(name: str, options: Options, status: Status, error: str) -> Report:
     """The report of a check whose adapter could not even be built: every verdict unknown."""
     result = Result(name, "", options.profile, options.seed, now(), Tally(), status=status, error=error)
     return result.report()

@@ -22,8 +22,16 @@ class Run:
     seconds: float
 
 
-def kvspec(*args: str, limit: float = 120.0, cwd: Path | None = None, interrupt_after: float | None = None) -> Run:
-    """``python -m kvspec.cli ARGS``; with ``interrupt_after`` a SIGINT is sent that many seconds in."""
+def kvspec(
+    *args: str,
+    limit: float = 120.0,
+    cwd: Path | None = None,
+    interrupt_after: float | None = None,
+    signals: Sequence[tuple[float, int]] = (),
+) -> Run:
+    """``python -m kvspec.cli ARGS``; ``signals``: (seconds after the start, signal) to send, in order
+    (``interrupt_after=t`` is ``signals=[(t, SIGINT)]``)."""
+    plan = list(signals) or ([(interrupt_after, signal.SIGINT)] if interrupt_after is not None else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     command: Sequence[str] = [sys.executable, "-m", "kvspec.cli", *args]
     t0 = time.monotonic()
@@ -31,11 +39,12 @@ def kvspec(*args: str, limit: float = 120.0, cwd: Path | None = None, interrupt_
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        if interrupt_after is not None:
+        for at, sig in plan:
             try:
-                proc.wait(timeout=interrupt_after)
+                proc.wait(timeout=max(0.0, at - (time.monotonic() - t0)))
+                break
             except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(sig)
         out, err = proc.communicate(timeout=limit)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:

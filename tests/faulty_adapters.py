@@ -171,3 +171,31 @@ class ResetRaisesLater(_Raise):
 class ObserveRaisesAtStart(_Raise):
     at: ClassVar[dict[str, int]] = {"observe": 1}
     error = RuntimeError("no block table yet")
+
+
+# -- slow ones, to be interrupted ------------------------------------------------------------------
+
+
+class SlowBuggy(ReferencePagedAdapter):
+    """A real bug (a released block's ref count is decremented twice), 100 ms a step: found in a second or two,
+    then shrunk and replayed for many seconds more."""
+
+    def __init__(self) -> None:
+        from seeded_bugs import DoubleDecrement
+
+        super().__init__(lambda c: DoubleDecrement(c.capacity, c.block_size))
+
+    def apply(self, op: Op) -> Outcome:
+        time.sleep(0.1)
+        return super().apply(op)
+
+
+class SlowClose(ReferencePagedAdapter):
+    """Takes 20 s to close (within a 30 s step timeout): a second Ctrl-C must not wait for it."""
+
+    def apply(self, op: Op) -> Outcome:
+        time.sleep(0.01)
+        return super().apply(op)
+
+    def close(self) -> None:
+        time.sleep(20)

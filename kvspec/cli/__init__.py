@@ -1,54 +1,69 @@
 """The ``kvspec`` command line.
 
 One module per command group; each has ``register(subparsers)``, which adds its subcommands
-and sets ``handler`` (parsed arguments -> :class:`~kvspec.report.ExitCode`) on each. A new
-command is a new module here and one entry in ``GROUPS``.
+and sets ``handler`` (parsed arguments -> :class:`~kvspec.report.ExitCode`) on each, and, where
+the command writes a report, ``on_interrupt`` (parsed arguments -> None: write what an
+interrupted run has). A new command is a new module here and one entry in ``GROUPS``.
 
 Exit codes (a stable contract, :class:`kvspec.report.ExitCode`): 0 every invariant held;
 1 a violation was found (the report and a case file say which); 2 the check could not be run.
+
+Signals: :func:`main` installs its SIGINT/SIGTERM handling before it imports anything slow
+(this module imports only the standard library), and keeps both signals blocked until the
+command line is parsed, so an interrupt at any moment of a run reaches a command that knows
+where its report goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Callable
-from types import ModuleType
 
-from kvspec.report import ExitCode
-
-from . import bench, check, formal, gpu, serve, trace
-from .common import interrupts
-
-GROUPS: tuple[ModuleType, ...] = (check, gpu, formal, serve, bench, trace)
-"""The command groups, in the order ``kvspec --help`` lists them."""
+GROUPS: tuple[str, ...] = ("check", "gpu", "formal", "serve", "bench", "trace")
+"""The command group modules, in the order ``kvspec --help`` lists them."""
 
 DESCRIPTION = "The `kvspec` command line."
+COULD_NOT_RUN = 2  # kvspec.report.ExitCode.COULD_NOT_RUN, before anything is imported
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvspec", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
-        group.register(sub)
+        importlib.import_module(f"{__name__}.{group}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command's handler with SIGINT/SIGTERM as a clean stop; its exit code."""
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for results that record it
-    handler: Callable[[argparse.Namespace], int] = args.handler
+    from .common import block_signals, interrupts, restore_signals
+
     with interrupts():
+        held = block_signals()  # an interrupt now is handled once the command knows where its report goes
         try:
+            args = build_parser().parse_args(argv)
+        except BaseException:
+            with contextlib.suppress(KeyboardInterrupt):
+                restore_signals(held)
+            raise
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for results that record it
+        handler: Callable[[argparse.Namespace], int] = args.handler
+        try:
+            restore_signals(held)
             return int(handler(args))
         except KeyboardInterrupt:
             print("kvspec: interrupted", file=sys.stderr)
-            return ExitCode.COULD_NOT_RUN
+            on_interrupt: Callable[[argparse.Namespace], None] | None = getattr(args, "on_interrupt", None)
+            if on_interrupt is not None:
+                on_interrupt(args)
+            return COULD_NOT_RUN
         except BrokenPipeError:  # the reader of stdout went away (``| head``): no traceback at exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return ExitCode.COULD_NOT_RUN
+            return COULD_NOT_RUN
 
 
 __all__ = ["GROUPS", "build_parser", "main"]

@@ -11,9 +11,10 @@ from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.case import Case
 from kvspec.report import ExitCode
 from kvspec.stateful_tests import PROFILES, AdapterHung, LiveTarget, Options, check_adapter, replay_ops
+from kvspec.stateful_tests.dispatch import not_started
 from kvspec.stateful_tests.live import MODES
 
-from .common import fail
+from .common import fail, positive, unwritable
 
 
 def register(sub: Any) -> None:
@@ -38,7 +39,7 @@ def register(sub: Any) -> None:
     live.add_argument("--replay", default=None, help="its KV event replay endpoint, to fill sequence gaps")
     live.add_argument("--record", type=Path, default=None, metavar="FILE", help="record the run as JSON lines here")
     live.add_argument("--mode", choices=MODES, default="both", help="exact (sequential), load (concurrent) or both")
-    check.set_defaults(handler=cmd_check)
+    check.set_defaults(handler=cmd_check, on_interrupt=check_interrupted)
 
     replay = sub.add_parser("replay", help="replay a saved case on an adapter")
     replay.add_argument("case", type=Path)
@@ -50,13 +51,9 @@ def register(sub: Any) -> None:
     adapters.set_defaults(handler=cmd_adapters)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    """Run the suite that fits the adapter; print the table, write the report and JUnit (Ctrl-C included)."""
-    try:
-        factory = load(args.adapter)
-    except AdapterLoadError as exc:
-        return fail(str(exc))
-    options = Options(
+def _options(args: argparse.Namespace) -> Options:
+    live = LiveTarget(url=args.url, events=args.events, replay=args.replay, record=args.record, mode=args.mode)
+    return Options(
         profile=args.profile,
         seed=args.seed,
         max_examples=args.max_examples,
@@ -65,24 +62,55 @@ def cmd_check(args: argparse.Namespace) -> int:
         refine=not args.safety_only,
         scenarios=not args.no_scenarios,
         quiet=args.quiet,
-        live=LiveTarget(url=args.url, events=args.events, replay=args.replay, record=args.record, mode=args.mode),
+        live=live,
     )
+
+
+def _bad_options(args: argparse.Namespace) -> str | None:
+    if args.max_examples is not None and args.max_examples < 1:
+        return f"--max-examples must be at least 1, not {args.max_examples}"
+    return positive("--step-timeout", args.step_timeout) or unwritable(args.report, args.junit)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Run the suite that fits the adapter; print the table, write the report and JUnit, whatever happens."""
+    problem = _bad_options(args)
+    if problem is not None:
+        return fail(problem)
+    options = _options(args)
+    try:
+        factory = load(args.adapter)
+    except AdapterLoadError as exc:
+        not_started(args.adapter, options, "error", str(exc)).write(args.report, args.junit)
+        return fail(str(exc))
     report = check_adapter(factory, args.adapter, options)
     report.write(args.report, args.junit)
     print(report.table())
     return report.exit_code
 
 
+def check_interrupted(args: argparse.Namespace) -> None:
+    """Ctrl-C before the suite had a report of its own: an interrupted report, every verdict unknown."""
+    if args.report is not None or args.junit is not None:
+        not_started(args.adapter, _options(args), "interrupted", "interrupted").write(args.report, args.junit)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a case's ops on an adapter (the case's own by default), each call under the step timeout."""
+    problem = positive("--step-timeout", args.step_timeout)
+    if problem is not None:
+        return fail(problem)
     try:
         case = Case.load(args.case)
-    except (OSError, ValueError, KeyError) as exc:
-        return fail(f"cannot read case {args.case}: {exc}")
+    except OSError as exc:
+        return fail(f"{args.case}: {exc.strerror or exc}")
+    except ValueError as exc:
+        return fail(f"{args.case}: {exc}")
     name = args.adapter or case.adapter
     try:
         adapter = IsolatedAdapter(load(name), args.step_timeout)
     except (AdapterLoadError, Exception) as exc:
-        return fail(f"adapter {name!r} failed to load: {exc}")
+        return fail(f"adapter {name!r} could not start: {exc}")
     try:
         violation = replay_ops(adapter, case.config, case.ops)
     except AdapterHung as hung:

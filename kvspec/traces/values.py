@@ -17,11 +17,7 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from kvspec.spec import Config, Op
-from kvspec.spec.ops import OP_KINDS
-
-MAX_REPLAY_BLOCKS = 1 << 20
-"""The kit's limit for a pool counted in blocks: the spec's block ledger keeps one slot per block,
-so a corrupted pool size must not exhaust memory. A larger pool is a format error, not a check."""
+from kvspec.spec.ops import MAX_CAPACITY, OP_KINDS
 
 T = TypeVar("T")
 
@@ -106,8 +102,8 @@ def config(name: str, data: object) -> Config:
 
 
 def blocks(name: str, value: object) -> int:
-    """A pool size counted in blocks: a positive integer up to MAX_REPLAY_BLOCKS."""
-    return integer(name, value, minimum=1, maximum=MAX_REPLAY_BLOCKS)
+    """A pool size counted in blocks: a positive integer up to MAX_CAPACITY."""
+    return integer(name, value, minimum=1, maximum=MAX_CAPACITY)
 
 
 def op(name: str, data: object) -> Op:
@@ -125,7 +121,6 @@ def op(name: str, data: object) -> Op:
 
 
 __all__ = [
-    "MAX_REPLAY_BLOCKS",
     "array",
     "block_hash",
     "blocks",
