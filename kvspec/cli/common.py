@@ -68,14 +68,14 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def block_signals() -> set[signal.Signals] | None:
+def block_signals() -> set[int | signal.Signals] | None:
     """Hold SIGINT and SIGTERM back (delivered by :func:`restore_signals`); the mask to restore."""
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
-def restore_signals(previous: set[signal.Signals] | None) -> None:
+def restore_signals(previous: set[int | signal.Signals] | None) -> None:
     """Restore the mask: a signal held back is delivered now, as a KeyboardInterrupt raised here."""
     if previous is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
