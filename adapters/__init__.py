@@ -34,6 +34,10 @@ class AdapterLoadError(Exception):
     """The named adapter could not be found or imported."""
 
 
+class UnknownAdapter(AdapterLoadError):
+    """No adapter has that name (and it is no 'pkg.module:Factory' path): a usage error."""
+
+
 def available() -> dict[str, str]:
     """Adapter name -> dotted path, built-ins first, then installed entry points."""
     found = dict(BUILTIN)
@@ -59,7 +63,16 @@ def load(name_or_path: str) -> AdapterFactory:
         return _import(known[name_or_path])
     if ":" in name_or_path:
         return _import(name_or_path)
-    raise AdapterLoadError(f"unknown adapter {name_or_path!r}; known: {', '.join(sorted(known))}")
+    raise UnknownAdapter(f"unknown adapter {name_or_path!r}; known: {', '.join(sorted(known))}")
 
 
-__all__ = ["BUILTIN", "Adapter", "AdapterFactory", "AdapterLoadError", "Capabilities", "available", "load"]
+__all__ = [
+    "BUILTIN",
+    "Adapter",
+    "AdapterFactory",
+    "AdapterLoadError",
+    "Capabilities",
+    "UnknownAdapter",
+    "available",
+    "load",
+]

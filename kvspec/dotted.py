@@ -21,6 +21,9 @@ def import_object(path: str, form: str = "package.module:Name") -> object:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise DottedPathError(f"cannot import {module_name!r}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # user code: a SyntaxError, or anything its import runs
+        where = f" (line {exc.lineno})" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise DottedPathError(f"importing {module_name!r} raised {type(exc).__name__}{where}: {exc}") from exc
     try:
         return getattr(module, attr)
     except AttributeError as exc:

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from kvspec.adapters import AdapterFactory, AdapterLoadError, load
+from kvspec.adapters import AdapterFactory, AdapterLoadError, UnknownAdapter, load
 from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, server_missing
 from kvspec.report import Report
 from kvspec.stateful_tests import PROFILES, LiveTarget, Options, check_adapter
+from kvspec.stateful_tests.dispatch import not_started
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,7 +73,6 @@ class KvspecItem(pytest.Item):
 
 
 def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Report:
-    factory = load(adapter) if isinstance(adapter, str) else adapter
     name = adapter if isinstance(adapter, str) else getattr(adapter, "__name__", repr(adapter))
     options = Options(
         profile=config.getoption("--kvspec-profile"),
@@ -87,6 +87,10 @@ def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path
             replay=config.getoption("--kvspec-vllm-replay"),
         ),
     )
+    try:
+        factory = load(adapter) if isinstance(adapter, str) else adapter
+    except AdapterLoadError as exc:
+        return not_started(name, options, "error", str(exc))
     return check_adapter(factory, name, options)
 
 
@@ -97,8 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
     for adapter in adapters:
         try:
             load(adapter)
-        except AdapterLoadError as exc:
+        except UnknownAdapter as exc:  # a typo on the command line: usage
             raise pytest.UsageError(f"--kvspec-adapter: {exc}") from exc
+        except AdapterLoadError:  # the user's module does not import: its item fails with the reason
+            pass
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

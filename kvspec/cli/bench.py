@@ -29,7 +29,7 @@ from kvspec.report import ExitCode
 from kvspec.spec import SpecError
 from kvspec.vllm_env import INSTALL_HINT, vllm_installed
 
-from .common import fail
+from .common import fail, unwritable
 
 DEFAULT_SEED = 0
 DEFAULT_BLOCK_SIZE = 16
@@ -167,6 +167,9 @@ def _generated(args: argparse.Namespace) -> list[Workload]:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
+    problem = unwritable(args.out / ".kvspec-probe")
+    if problem is not None:
+        return fail(problem)
     try:
         workloads = _generated(args)
     except (SpecError, TypeError) as exc:
@@ -188,6 +191,9 @@ def _loaded(folder: Path, only: list[str] | None) -> list[Workload]:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
+    problem = unwritable(args.json, args.plot)
+    if problem is not None:
+        return fail(problem)
     try:
         workloads = _loaded(args.workloads, args.only) if args.workloads else _generated(args)
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -225,6 +231,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
 
 def cmd_live(args: argparse.Namespace) -> int:
     """Redraw a saved result (``--from-json``), or run the benchmark with the options as given."""
+    problem = unwritable(args.plot) if args.from_json is not None else unwritable(args.json, args.plot)
+    if problem is not None:
+        return fail(problem, "kvspec bench live")
     if args.from_json is not None:
         return redraw(args.from_json, args.plot)
     shape = WorkloadShape(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvspec.report import ExitCode, now
 
-from .common import fail
+from .common import fail, unwritable
 
 if TYPE_CHECKING:
     from kvspec.spec.symbolic import Encoding
@@ -101,6 +101,9 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     from kvspec.spec.symbolic_invariants import SAFETY
     from kvspec.stateful_tests.formal import bmc_report
 
+    problem = unwritable(args.report, args.junit)
+    if problem is not None:
+        return fail(problem)
     started = now()
     try:
         bounds = _bounds(args)
@@ -160,6 +163,9 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvspec.spec.symbolic_invariants import AUXILIARY
     from kvspec.stateful_tests.formal import prove_report
 
+    problem = unwritable(args.report, args.junit)
+    if problem is not None:
+        return fail(problem)
     started, t0 = now(), time.monotonic()
     try:
         bounds = _bounds(args)

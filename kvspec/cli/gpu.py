@@ -15,7 +15,7 @@ from typing import Any
 from kvspec.gpu_checks.sections import gpu_check
 from kvspec.report import ExitCode
 
-from .common import fail
+from .common import fail, unwritable
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -44,6 +44,9 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
     """Run the sections, print a line each, write the JSON; the exit code."""
     if args.repeats <= 0:
         return fail("--repeats must be positive", "kvspec gpu-check")
+    problem = unwritable(args.json)
+    if problem is not None:
+        return fail(problem, "kvspec gpu-check")
     code, record = gpu_check(
         args.repeats, quick=args.quick, require_cuda=args.require_cuda, out=sys.stdout, json_path=args.json
     )

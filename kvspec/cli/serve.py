@@ -6,16 +6,16 @@ Exit 0 after a clean stop, 2 when the server did not come up or died.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from kvspec import jsonio
 from kvspec.adapters.vllm_live.server import ServerConfig, ServerStartError, TinyServer
 from kvspec.report import ExitCode
 
-from .common import fail
+from .common import fail, unwritable
 
 
 def register(subparsers: Any) -> None:
@@ -47,6 +47,9 @@ def serve_tiny(args: argparse.Namespace) -> int:
     bad = [name for name, value in sizes.items() if value is not None and value <= 0]
     if bad:
         return fail(f"{', '.join(bad)} must be positive", "kvspec serve-tiny")
+    problem = unwritable(args.json)
+    if problem is not None:
+        return fail(problem, "kvspec serve-tiny")
     config = ServerConfig(
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks,
@@ -67,7 +70,7 @@ def serve_tiny(args: argparse.Namespace) -> int:
         for key in ("url", "events", "replay", "model", "startup_s", "pid"):
             print(f"{key}={info[key]}", flush=True)
         if args.json is not None:
-            args.json.write_text(json.dumps(info, indent=2) + "\n")
+            jsonio.write(args.json, info)
         while server.running:
             time.sleep(0.5)
         print(f"kvspec serve-tiny: the server exited\n{server.log_tail()}", file=sys.stderr)

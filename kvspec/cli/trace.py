@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from kvspec import jsonio
+from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
 from kvspec.report import ExitCode
 from kvspec.spec import Config
 from kvspec.traces import AUTO, FORMATS, check_trace, values
+from kvspec.traces.result import TraceResult
 
-from .common import fail
+from .common import fail, positive
 
 
 def register(subparsers: Any) -> None:
@@ -35,7 +37,7 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("--report", type=Path, default=None, help="write the JSON report (as kvspec check) here")
     check.add_argument("--context", type=int, default=3, help="lines shown before the first violation (default 3)")
-    check.set_defaults(handler=cmd_check)
+    check.set_defaults(handler=cmd_check, on_interrupt=check_interrupted)
 
     record = sub.add_parser("record", help="drive an adapter with ops and write what it did as a trace")
     record.add_argument("--adapter", default="reference", help="adapter name or pkg.module:Factory")
@@ -50,6 +52,9 @@ def register(subparsers: Any) -> None:
     record.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the file's, else 4)")
     record.add_argument(
         "--no-observations", action="store_true", help="kvspec format: record ops, outcomes and events only"
+    )
+    record.add_argument(
+        "--step-timeout", type=float, default=30.0, help="seconds before an adapter call counts as hung"
     )
     record.set_defaults(handler=cmd_record)
 
@@ -73,6 +78,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def check_interrupted(args: argparse.Namespace) -> None:
+    """Ctrl-C before the trace was read: an interrupted report, every verdict unknown."""
+    if args.report is not None:
+        fmt = args.format if args.format in FORMATS else "auto"
+        invariants = FORMATS[fmt].INVARIANTS if fmt in FORMATS else ()
+        TraceResult(str(args.file), fmt, invariants, interrupted=True).report().write(args.report)
+
+
 def cmd_record(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
     from kvspec.traces.record import RandomOps, RecordedStep, drive, load_ops, write_kvspec_trace, write_side_table
@@ -90,10 +103,13 @@ def cmd_record(args: argparse.Namespace) -> int:
             return fail(f"{args.ops}: cannot read the ops: {exc.strerror or exc}")
         except ValueError as exc:
             return fail(f"{args.ops}: {exc}")
+    problem = positive("--step-timeout", args.step_timeout)
+    if problem is not None:
+        return fail(problem)
     try:
-        adapter = load(args.adapter)()
+        adapter = IsolatedAdapter(load(args.adapter), args.step_timeout)
     except (AdapterLoadError, Exception) as exc:
-        return fail(f"adapter {args.adapter!r} failed to load: {exc}")
+        return fail(f"adapter {args.adapter!r} could not start: {exc}")
     caps = adapter.capabilities
     if args.capacity is not None:
         fields["capacity"] = args.capacity
@@ -112,8 +128,12 @@ def cmd_record(args: argparse.Namespace) -> int:
     try:
         for step in drive(adapter, config, source, args.steps):
             recorded.append(step)
-    except Exception as exc:  # the adapter is user code: what it did up to here is still written
-        print(f"kvspec: adapter {args.adapter!r} raised at step {len(recorded)}: {exc!r}", file=sys.stderr)
+    except KeyboardInterrupt:  # what was recorded up to here is still written
+        print(f"kvspec: interrupted at step {len(recorded)}", file=sys.stderr)
+        code = ExitCode.COULD_NOT_RUN
+    except Exception as exc:  # the adapter is user code (it ran in a child): what it did up to here is still written
+        kind = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
+        print(f"kvspec: adapter {args.adapter!r} failed at step {len(recorded)}: {kind}: {exc}", file=sys.stderr)
         code = ExitCode.COULD_NOT_RUN
     try:
         if args.format == "side-table":

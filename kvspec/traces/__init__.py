@@ -81,6 +81,8 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
         _replay(FORMATS[result.fmt], lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line
+    except KeyboardInterrupt:  # the verdicts so far stand; the report says they cover only what was read
+        result.interrupted = True
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError, RecursionError) as exc:
         # A value of a shape no format check foresaw: the trace cannot be judged, which is never a pass.
         result.error = f"cannot read this line: {type(exc).__name__}: {exc}"

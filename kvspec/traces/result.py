@@ -71,9 +71,12 @@ class TraceResult:
     later_violations: dict[str, dict[str, Any]] = field(default_factory=dict)
     error: str = ""
     error_line: int | None = None
+    interrupted: bool = False
 
     @property
     def status(self) -> Status:
+        if self.interrupted:
+            return "interrupted"
         if self.error:
             return "error"
         return "violated" if self.violation is not None else "passed"
