@@ -74,6 +74,8 @@ class ReferencePagedAdapter:
 
     def _apply(self, op: Op) -> Outcome:
         pool, req = self.pool, op.req or ""
+        if any(t < 0 for t in op.tokens):  # the pool would hash them like any other ids: bad input is the spec's
+            raise ValueError("token ids must be non-negative")
         if op.op == "reset_cache":
             return Outcome.ok() if pool.reset_prefix_cache() else Outcome.refused("blocks in use")
         if op.op == "admit":

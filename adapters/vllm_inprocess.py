@@ -32,6 +32,7 @@ from typing import Any, Literal
 from kvspec.adapters import _vllm_shims as shims
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+from kvspec.spec.ops import OP_KINDS
 
 EventKind = Literal["evict", "reclaim"]
 
@@ -171,6 +172,8 @@ class VllmProjection:
     # -- the engine front end -------------------------------------------------------------
     def _rejection(self, op: Op) -> str | None:
         """Why the engine would reject ``op`` before it reaches the allocator (None: it would not)."""
+        if op.op not in OP_KINDS:
+            return f"unknown op {op.op!r}"
         if op.op == "reset_cache":
             return None
         req = op.req

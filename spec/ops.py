@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 Granularity = Literal["block", "record", "entry"]
 OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
@@ -26,8 +26,41 @@ spec's ledger and the reference adapter together. One limit for check, replay, t
 checked before anything is allocated."""
 
 
+BAD_INPUT: dict[str, str] = {
+    "no_request_id": "an op on a request without a request id",
+    "admit_existing": "admit of a request that is already live",
+    "empty_prompt": "admit of an empty prompt",
+    "negative_token": "a token id below zero (admit or append)",
+    "prompt_larger_than_pool": "a prompt larger than the whole pool",
+    "unknown_request": "an op on a request that is unknown or already released",
+    "append_not_running": "append to a preempted request",
+    "append_nothing": "append of no tokens",
+    "append_larger_than_pool": "an append that makes the request larger than the whole pool",
+    "preempt_not_running": "preempt of a preempted request",
+    "preempt_bad_mode": "preempt with a mode the spec does not define",
+    "resume_not_preempted": "resume of a request that is running",
+    "unknown_op": "an op the spec does not define",
+}
+"""Every class of bad input the spec defines (``spec.validate`` raises SpecError with one of these kinds)."""
+
+_NEEDS: dict[str, tuple[frozenset[str], ...]] = {
+    "unknown_request": tuple(frozenset({op}) for op in ("append", "release", "preempt", "resume")),
+    "append_not_running": (frozenset({"append", "preempt"}),),
+    "append_nothing": (frozenset({"append"}),),
+    "append_larger_than_pool": (frozenset({"append"}),),
+    "preempt_not_running": (frozenset({"preempt"}),),
+    "preempt_bad_mode": (frozenset({"preempt"}),),
+    "resume_not_preempted": (frozenset({"resume"}),),
+}
+"""Bad input that needs more than admit: any one of these sets of ops, all implemented."""
+
+
 class SpecError(ValueError):
-    """Bad input. The spec's defined outcome is this error and no state change."""
+    """Bad input (``kind``: one of BAD_INPUT). The spec's defined outcome is this error and no state change."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -157,12 +190,14 @@ class Op:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Op:
+        """The op in ``data``. An op name the spec does not define is kept: it is bad input (``unknown_op``)
+        that a case may hold, and replaying it must give the same verdict."""
         kind = data.get("op")
-        if kind not in OP_KINDS:
-            raise SpecError(f"unknown op {kind!r}")
+        if not isinstance(kind, str) or not kind:
+            raise SpecError(f"not an op: {kind!r}")
         req = data.get("req")
         return cls(
-            op=kind,
+            op=cast(OpKind, kind),
             req=None if req is None else str(req),
             tokens=tuple(int(t) for t in data.get("tokens", ())),
             keep=bool(data.get("keep", True)),
@@ -209,3 +244,17 @@ class Event:
     oid: Hashable
     key: Hashable | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def bad_input_kinds(ops: frozenset[str], granularity: Granularity) -> tuple[str, ...]:
+    """The classes of bad input an implementation of ``ops`` at ``granularity`` can be given.
+
+    A class that needs an op the implementation lacks (append, preempt, resume) cannot arise;
+    nor can a second admit of a live request where requests do not persist (entry granularity).
+    """
+    return tuple(
+        kind
+        for kind in BAD_INPUT
+        if any(need <= ops for need in _NEEDS.get(kind, (frozenset(),)))
+        and not (granularity == "entry" and kind == "admit_existing")
+    )

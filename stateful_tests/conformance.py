@@ -25,10 +25,13 @@ from kvspec.case import Case
 from kvspec.report import ExitCode, Report, Status, now, rows
 from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
+from kvspec.spec.ops import bad_input_kinds
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
 from .strategies import DEFAULT_RANGES, PoolRanges
+
+BAD_INPUT_REJECTED = "bad_input_rejected"
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Result:
     cases: list[str] = field(default_factory=list)
     applicable: frozenset[str] = frozenset()
     given_cases: int = 0
+    bad_kinds: tuple[str, ...] = ()  # the classes of bad input the adapter can be given
 
     @property
     def exit_code(self) -> ExitCode:
@@ -78,9 +82,12 @@ class Result:
         kinds = [(inv.name, inv.kind) for inv in INVARIANTS] + [(ADAPTER_CONTRACT, "adapter")]
         tally = self.tally
         seed = "derandomized" if self.seed is None and self.profile == "ci" else f"seed {self.seed}"
+        untried = [k for k in self.bad_kinds if not tally.coverage.get(f"bad_input:{k}")]
+        applicable = self.applicable - {BAD_INPUT_REJECTED} if untried else self.applicable
+        reasons = {BAD_INPUT_REJECTED: f"bad input never tried: {', '.join(untried)}"} if untried else {}
         return Report(
             adapter=self.adapter,
-            rows=rows(kinds, tally.checked, tally.first_violation, applicable=self.applicable),
+            rows=rows(kinds, tally.checked, tally.first_violation, applicable=applicable, reasons=reasons),
             adapter_version=self.adapter_version,
             profile=self.profile,
             seed=self.seed,
@@ -181,6 +188,8 @@ def run_check(
                 adapter = make()
             result.adapter_version = adapter.capabilities.version
             result.applicable = applicable_invariants(adapter, refine)
+            caps = adapter.capabilities
+            result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
             result.given_cases = len(extra_cases)
             for case in extra_cases:
                 violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
@@ -194,15 +203,15 @@ def run_check(
             if seed is not None:
                 machine = hypothesis.seed(seed)(machine)
             run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
-        except Violation as violation:
-            config, ops, final = tally.last_failure or (Config(), [], violation)
-            _record_failure(result, make, config, ops, final, cases_dir, name, refine)
-        except Flaky as exc:
+        except Flaky as exc:  # first: Hypothesis's FlakyFailure is an ExceptionGroup too
             result.status = "violated"
             result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
             if tally.last_failure is not None:
                 config, ops, seen = tally.last_failure
                 result.cases.append(str(_case(name, config, ops, seen).save(cases_dir)))
+        except (Violation, BaseExceptionGroup) as raised:
+            final = _reported(raised, tally.first_invariant)
+            _record_failure(result, make, final.config or Config(), final.ops, final, cases_dir, name, refine)
         except AdapterHung as hung:
             _record_hang(result, hung, cases_dir)
     except KeyboardInterrupt:  # at any moment: while searching, shrinking, or replaying the shrunk case
@@ -236,11 +245,22 @@ def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> s
         database=None,
         deadline=None,
         verbosity=Verbosity.quiet,
-        report_multiple_bugs=False,
+        report_multiple_bugs=True,  # each invariant's failure shrunk on its own; run_check reports the first found
         suppress_health_check=list(HealthCheck),
         # The explain phase costs several times the shrink itself on stateful tests.
         phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink),
     )
+
+
+def _reported(raised: BaseException, first: str | None) -> Violation:
+    """Of the failures Hypothesis shrank (one per invariant), the one of the invariant broken first."""
+    found = [raised] if isinstance(raised, Violation) else []
+    if isinstance(raised, BaseExceptionGroup):
+        violations, rest = raised.split(Violation)
+        if violations is None:
+            raise rest if rest is not None else raised
+        found = [v for v in violations.exceptions if isinstance(v, Violation)]
+    return next((v for v in found if v.invariant == first), found[0])
 
 
 def _keep_what_was_found(result: Result, cases_dir: Path) -> None:

@@ -20,6 +20,7 @@ from kvspec.adapters import AdapterFactory
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
 from kvspec.report import Report, Status, now
 
+from .bad_inputs import bad_input_cases
 from .conformance import PROFILES, Result, run_check
 from .harness import Tally
 from .live import LIVE_PROFILES, run_live
@@ -86,7 +87,8 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         # adapter implements are kept. Imported here: Z3 is needed only when they are.
         from .bounded import coverage_cases
 
-        extra = coverage_cases(ops=caps.ops)
+        # Then one short case per class of bad input the adapter can be given (bad_inputs.py).
+        extra = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
     return run_check(
         factory,
         name=name,

@@ -7,8 +7,9 @@ semantics), apply to the adapter, observe, and check the transition.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -25,8 +26,10 @@ from kvspec.spec import (
     Op,
     Outcome,
     RequestView,
+    SpecError,
     Transition,
     check_transition,
+    validate,
 )
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 
@@ -35,15 +38,40 @@ START = "starting the example (reset, events, observe)"
 
 
 class Violation(AssertionError):
-    """An invariant broke at ``step`` (0-based) on ``op`` (None: at the start). ``failures``: invariant -> problems."""
+    """An invariant broke at ``step`` (0-based) on ``op`` (None: at the start). ``failures``: invariant -> problems.
 
-    def __init__(self, step: int, op: Op | None, failures: dict[str, list[str]]) -> None:
+    ``config`` and ``ops``: the example that broke it, up to and including ``op``. Raised as the subclass
+    of its first invariant (:func:`violation_of`), so that Hypothesis tells failures of different
+    invariants apart and shrinks each as its own: a shrink never turns one invariant's failure into
+    another's.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        op: Op | None,
+        failures: dict[str, list[str]],
+        config: Config | None = None,
+        ops: Sequence[Op] = (),
+    ) -> None:
         self.step, self.op, self.failures = step, op, failures
-        self.invariant = next(n for n in INVARIANT_NAMES if n in failures)
+        self.config, self.ops = config, list(ops)
+        self.invariant = first_invariant(failures)
         lines = [f"step {step}: {op if op is not None else START}"]
         for name, problems in failures.items():
             lines += [f"  {name}: {p}" for p in problems[:3]]
         super().__init__("\n".join(lines))
+
+
+def first_invariant(failures: Mapping[str, object]) -> str:
+    """The invariant a report names for ``failures``: the first of the registry's order."""
+    return next(n for n in INVARIANT_NAMES if n in failures)
+
+
+@functools.cache
+def violation_of(invariant: str) -> type[Violation]:
+    """The Violation subclass of one invariant (one Hypothesis failure origin per invariant)."""
+    return type(f"Violation[{invariant}]", (Violation,), {"__module__": __name__})
 
 
 class AdapterHung(BaseException):
@@ -65,6 +93,7 @@ class Tally:
     steps: int = 0
     coverage: Counter[str] = field(default_factory=Counter)
     first_failure_at: tuple[int, int] | None = None  # (examples, steps) run when the first failure was seen
+    first_invariant: str | None = None  # what the first failure broke: the one reported, shrunk
     last_failure: tuple[Config, list[Op], Violation] | None = None
     hung: tuple[Config, list[Op]] | None = None
 
@@ -136,7 +165,7 @@ class Harness:
         except Exception as exc:  # well-typed, yet the values cannot be judged (an unhashable oid, say)
             self._fail(index, op, {ADAPTER_CONTRACT: [f"what the adapter showed after {op} cannot be judged: {exc!r}"]})
         self.tally.steps += 1
-        self._cover(op, outcome, events)
+        self._cover(op, outcome, events, self.obs)
         self.tally.checked[ADAPTER_CONTRACT] += 1
         failures: dict[str, list[str]] = {}
         for name, problems in results.items():
@@ -150,19 +179,24 @@ class Harness:
         self.obs = after
         return outcome
 
-    def _cover(self, op: Op, outcome: Outcome, events: list[Event]) -> None:
-        """Count the situations reached, so a report can say what was exercised."""
+    def _cover(self, op: Op, outcome: Outcome, events: list[Event], before: Observation) -> None:
+        """Count the situations reached, so a report can say what was exercised (bad input by its class)."""
         cov = self.tally.coverage
         cov[f"{op.op}:{outcome.status}"] += 1
+        try:
+            validate(op, before, self.config, self.semantics)
+        except SpecError as exc:
+            cov[f"bad_input:{exc.kind}"] += 1
         for event in events:
             cov[event.kind] += 1
         if outcome.hit_tokens:
             cov["prefix_hit"] += 1
 
     def _fail(self, index: int, op: Op | None, failures: dict[str, list[str]]) -> NoReturn:
-        violation = Violation(index, op, failures)
+        violation = violation_of(first_invariant(failures))(index, op, failures, self.config, self.ops)
         if self.tally.first_failure_at is None:
             self.tally.first_failure_at = (self.tally.examples, self.tally.steps)
+            self.tally.first_invariant = violation.invariant
         where = op.to_json() if op is not None else None
         for name, problems in failures.items():
             self.tally.first_violation.setdefault(name, {"step": index, "op": where, "problems": problems[:5]})

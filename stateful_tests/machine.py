@@ -7,14 +7,14 @@ or preempted is read from the adapter's own observation, never guessed.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvspec.adapters.base import Adapter
 from kvspec.spec import Config, Op
-from kvspec.spec.ops import OpKind
+from kvspec.spec.ops import OpKind, bad_input_kinds
 
 from .harness import Harness, Tally
 from .strategies import (
@@ -29,16 +29,6 @@ from .strategies import (
     long_prompt,
     pick,
     tokens,
-)
-
-BAD_INPUTS = (
-    "release_unknown",
-    "empty_prompt",
-    "larger_than_pool",
-    "append_to_unknown",
-    "admit_existing",
-    "append_nothing",
-    "release_released",
 )
 
 
@@ -57,6 +47,7 @@ class KVLifecycle(RuleBasedStateMachine):
     """
 
     ops: ClassVar[frozenset[OpKind]]
+    bad_kinds: ClassVar[tuple[str, ...]]
     harness: Harness
     max_tokens: int
 
@@ -161,26 +152,66 @@ class KVLifecycle(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def bad_input(self, data: st.DataObject) -> None:
-        """Inputs the spec defines as errors: each must be rejected and change nothing."""
-        # The kind is drawn from a fixed list, so that shrinking away earlier steps never
-        # turns one kind of bad input into another.
-        kind = BAD_INPUTS[pick(data, BAD_INPUTS, "bad_input")]
-        live = sorted(self.harness.obs.requests)
-        gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
-        op = Op("release", "ghost")
+        """Input the spec defines as an error, of every class it defines: each must be rejected and change nothing.
+
+        The class is drawn from a fixed list (the adapter's applicable classes), so that shrinking away
+        earlier steps never turns one class into another; when the state cannot give that class (no
+        preempted request to append to, say), an op on an unknown request stands in. The harness counts
+        the class each op really is (``spec.validate``), and bad_input_rejected holds only once every
+        class was tried.
+        """
+        kind = self.bad_kinds[pick(data, self.bad_kinds, "bad_input")]
+        self._step(self._bad_op(kind, data) or self._unknown_request())
+
+    def _bad_op(self, kind: str, data: st.DataObject) -> Op | None:
+        """An op of bad-input class ``kind`` in the current state, or None when the state has none."""
+        new, too_long = f"r{self.next_id}", (0,) * (self.max_tokens + 1)
+        live, running, waiting = (
+            sorted(self.harness.obs.requests),
+            self._requests("running"),
+            self._requests("preempted"),
+        )
+
+        def one(reqs: list[str]) -> str:
+            return reqs[pick(data, reqs, "req")]
+
+        if kind == "no_request_id":
+            return Op("admit", "", (1,))
         if kind == "empty_prompt":
-            op = Op("admit", f"r{self.next_id}", ())
-        elif kind == "larger_than_pool":
-            op = Op("admit", f"r{self.next_id}", (0,) * (self.max_tokens + 1))
-        elif kind == "append_to_unknown" and "append" in self.ops:
-            op = Op("append", "ghost", (1,))
-        elif kind == "admit_existing" and live:
-            op = Op("admit", live[pick(data, live, "req")], (1,))
-        elif kind == "append_nothing" and live and "append" in self.ops:
-            op = Op("append", live[pick(data, live, "req")], ())
-        elif kind == "release_released" and gone and "release" in self.ops:
-            op = Op("release", gone[pick(data, gone, "released")])
-        self._step(op)
+            return Op("admit", new, ())
+        if kind == "negative_token":
+            return Op("admit", new, (1, -1))
+        if kind == "prompt_larger_than_pool":
+            return Op("admit", new, too_long)
+        if kind == "unknown_op":
+            return Op(cast(OpKind, "defragment"), one(live) if live else "ghost")
+        if kind == "unknown_request":
+            gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
+            return self._unknown_request(one(gone) if gone else "ghost")
+        pick_from = {
+            "admit_existing": live,
+            "append_not_running": waiting,
+            "preempt_not_running": waiting,
+        }.get(kind, running)
+        if not pick_from:
+            return None
+        req = one(pick_from)
+        return {
+            "admit_existing": Op("admit", req, (1,)),
+            "append_not_running": Op("append", req, (1,)),
+            "append_nothing": Op("append", req, ()),
+            "append_larger_than_pool": Op("append", req, too_long),
+            "preempt_not_running": Op("preempt", req),
+            "preempt_bad_mode": Op("preempt", req, mode="swap"),
+            "resume_not_preempted": Op("resume", req),
+        }[kind]
+
+    def _unknown_request(self, req: str = "ghost") -> Op:
+        """An op on a request that is not live, of the first kind the adapter implements."""
+        kind = next((k for k in ("release", "append", "preempt", "resume") if k in self.ops), None)
+        if kind is None:  # admit only: an empty prompt is bad input every adapter can be given
+            return Op("admit", f"r{self.next_id}", ())
+        return Op(cast(OpKind, kind), req, (1,) if kind == "append" else ())
 
 
 def build_machine(
@@ -196,6 +227,7 @@ def build_machine(
 
     class Bound(KVLifecycle):
         ops = caps.ops
+        bad_kinds = bad_input_kinds(caps.ops, granularity)
 
         @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())
         def start(self, config: Config, data: st.DataObject) -> None:

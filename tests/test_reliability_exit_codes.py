@@ -49,7 +49,7 @@ MALFORMED: dict[str, str] = {
     "ops null": _with("ops", None),
     "ops an object": _with("ops", {}),
     "op null": _with("ops.0", None),
-    "op unknown": _with("ops.0.op", "evict"),
+    "op a number": _with("ops.0.op", 7),
     "capacity a string": _with("config.capacity", "4"),
     "capacity a float": _with("config.capacity", 4.5),
     "capacity null": _with("config.capacity", None),

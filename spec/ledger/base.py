@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
 
 from ..observation import ObjectView, Observation, RequestState, RequestView
-from ..ops import Config, Granularity, Op, Outcome, Semantics, SpecError, size_of
+from ..ops import OP_KINDS, Config, Granularity, Op, Outcome, Semantics, SpecError, size_of
 
 Content = tuple[int, ...]
 
@@ -24,49 +24,48 @@ def validate(op: Op, obs: Observation, config: Config, semantics: Semantics) -> 
     "refused": it is an error, and it changes nothing.
     """
     request = obs.requests.get(op.req) if op.req is not None else None
+    if op.op not in OP_KINDS:
+        raise SpecError(f"unknown op {op.op!r}", "unknown_op")
     if op.op == "reset_cache":
         return
     if op.req is None or not op.req:
-        raise SpecError(f"{op.op} needs a request id")
+        raise SpecError(f"{op.op} needs a request id", "no_request_id")
     if op.op == "admit":
         if request is not None:
-            raise SpecError(f"request {op.req!r} already exists")
+            raise SpecError(f"request {op.req!r} already exists", "admit_existing")
         if not op.tokens:
-            raise SpecError("empty prompt")
+            raise SpecError("empty prompt", "empty_prompt")
         if any(t < 0 for t in op.tokens):
-            raise SpecError("token ids must be non-negative")
+            raise SpecError("token ids must be non-negative", "negative_token")
         if size_of(len(op.tokens), config, semantics.granularity) > config.capacity:
-            raise SpecError("prompt is larger than the whole cache capacity")
+            raise SpecError("prompt is larger than the whole cache capacity", "prompt_larger_than_pool")
         return
     if request is None:
-        raise SpecError(f"unknown or already released request {op.req!r}")
+        raise SpecError(f"unknown or already released request {op.req!r}", "unknown_request")
     if op.op == "release":
         return
     if op.op == "append":
         if request.state != "running":
-            raise SpecError(f"append to request {op.req!r} that is not running")
+            raise SpecError(f"append to request {op.req!r} that is not running", "append_not_running")
         if not op.tokens:
-            raise SpecError("append needs a positive number of tokens")
+            raise SpecError("append needs a positive number of tokens", "append_nothing")
         if any(t < 0 for t in op.tokens):
-            raise SpecError("token ids must be non-negative")
+            raise SpecError("token ids must be non-negative", "negative_token")
         held = len(request.tokens)
         record = obs.objects.get(request.objects[0]) if request.objects else None
         if semantics.granularity == "record" and record is not None:
             held = record.tokens
         if size_of(held + len(op.tokens), config, semantics.granularity) > config.capacity:
-            raise SpecError("request would be larger than the whole cache capacity")
+            raise SpecError("request would be larger than the whole cache capacity", "append_larger_than_pool")
         return
     if op.op == "preempt":
         if request.state != "running":
-            raise SpecError(f"preempt of request {op.req!r} that is not running")
+            raise SpecError(f"preempt of request {op.req!r} that is not running", "preempt_not_running")
         if op.mode != "recompute":
-            raise SpecError(f"unsupported preempt mode {op.mode!r}")
+            raise SpecError(f"unsupported preempt mode {op.mode!r}", "preempt_bad_mode")
         return
-    if op.op == "resume":
-        if request.state != "preempted":
-            raise SpecError(f"resume of request {op.req!r} that is not preempted")
-        return
-    raise SpecError(f"unknown op {op.op!r}")
+    if request.state != "preempted":  # resume
+        raise SpecError(f"resume of request {op.req!r} that is not preempted", "resume_not_preempted")
 
 
 @dataclass
