@@ -17,7 +17,6 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import Flaky
-from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.base import Adapter
@@ -28,6 +27,7 @@ from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
+from .rounds import run_in_rounds
 from .strategies import DEFAULT_RANGES, PoolRanges
 
 
@@ -191,7 +191,7 @@ def run_check(
         machine = _with_quality(machine, quality)
         if seed is not None:
             machine = hypothesis.seed(seed)(machine)
-        run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
+        run_in_rounds(machine, _settings(profile, max_examples, seed), seed)
     except Violation as violation:
         config, ops, final = tally.last_failure or (Config(), [], violation)
         _record_failure(result, factory, config, ops, final, cases_dir, name, refine)

@@ -1,4 +1,5 @@
-"""Memory: the spec's block keys grow linearly with a prompt, and chained keys behave as the prefixes they stand for.
+"""Memory: the spec's block keys grow linearly with a prompt, chained keys behave as the prefixes they stand
+for, and a long check runs Hypothesis in rounds.
 
 The bounds are correctness properties, not timings: keying each full block by its
 whole token prefix makes one admit of 100k tokens (6,250 blocks of 16) hold 6,250
@@ -14,12 +15,16 @@ import random
 import sys
 import tracemalloc
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from hypothesis import settings as Settings
+from hypothesis.stateful import RuleBasedStateMachine
 
+from kvspec.adapters import load
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.spec import Config, LedgerModel, Op, Semantics, blocks_for
-from kvspec.stateful_tests import Harness
+from kvspec.stateful_tests import PROFILES, Harness, Result, rounds, run_check
 
 MB = 1 << 20
 BOUND_MB = 300
@@ -137,3 +142,33 @@ def test_a_deep_chain_through_the_ledger(traced: Callable[[], float]) -> None:
     assert len(step.reclaimed) == depth
     assert step.reclaimed[0] == prompt and repr(step.reclaimed[-1]) == repr(prompt[:1])
     assert traced() < 50, f"peak {traced():.0f} MB"
+
+
+def test_a_long_run_goes_in_rounds_of_fresh_runners(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each round is its own Hypothesis run: the first as the run was, the later ones on seeds of their own."""
+    calls: list[tuple[int | None, int]] = []
+    run_one = rounds.run_state_machine_as_test
+
+    def recording(factory: type[RuleBasedStateMachine], *, settings: Settings) -> None:
+        calls.append((getattr(factory, "_hypothesis_internal_use_seed", None), settings.max_examples))
+        run_one(factory, settings=settings)
+
+    def check(max_examples: int, seed: int | None = None) -> Result:
+        calls.clear()
+        ci = PROFILES["ci"]
+        return run_check(
+            load("reference"), name="reference", profile=ci, seed=seed, max_examples=max_examples, cases_dir=tmp_path
+        )
+
+    monkeypatch.setattr(rounds, "ROUND_EXAMPLES", 4)
+    monkeypatch.setattr(rounds, "run_state_machine_as_test", recording)
+    steps = []
+    for _ in range(2):
+        result = check(10)
+        assert result.status == "passed", result.failure
+        steps.append(result.tally.steps)
+        assert [n for _, n in calls] == [4, 4, 2]
+        assert calls[0][0] is None and len({s for s, _ in calls[1:]}) == 2  # derandomized first, then two seeds
+    assert steps[0] == steps[1]  # a derandomized run in rounds is still reproducible
+    check(6, seed=7)
+    assert [s for s, _ in calls] == [7, rounds.round_seed(7, 1)]
