@@ -9,9 +9,9 @@ Prints three tables, every figure measured in a fresh subprocess:
 3. ``check``: ``kvspec check --adapter reference --max-examples N``: the child's
    peak RSS and seconds, and whether the peak grows with N.
 
-``--growth N`` runs one check of N examples in this process under tracemalloc and
-prints the allocation sites whose live memory grew most between the first and the
-last fifth of the run: what a long run keeps per example.
+``--growth N`` runs one check of N examples in this process and prints the object
+types whose live memory (a gc census: count and shallow size) grew most between
+example N/5 and example N: what a long run keeps per example.
 
 Usage: python benchmarks/memory.py [--tokens 1000 10000 100000] [--examples 200 2000 10000]
                                    [--growth N] [--json OUT]
@@ -20,6 +20,7 @@ Usage: python benchmarks/memory.py [--tokens 1000 10000 100000] [--examples 200 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -110,19 +112,29 @@ def check_row(examples: int) -> dict[str, Any]:
     }
 
 
+def _census() -> tuple[Counter[str], Counter[str]]:
+    """Live gc-tracked objects by type: how many, and their shallow sizes in bytes."""
+    gc.collect()
+    counts: Counter[str] = Counter()
+    sizes: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        counts[kind] += 1
+        sizes[kind] += sys.getsizeof(obj)
+    return counts, sizes
+
+
 def growth(examples: int, top: int = 12) -> list[dict[str, Any]]:
-    """Allocation sites whose live memory grew most from the first fifth of a check to its end."""
+    """The object types whose live memory grew most from the first fifth of a check to its end (a gc census)."""
     from kvspec.adapters import load
     from kvspec.stateful_tests import PROFILES, Tally, run_check
 
-    snaps: list[tracemalloc.Snapshot] = []
-    marks = {examples // 5, examples}
+    censuses: dict[int, tuple[Counter[str], Counter[str]]] = {}
 
     def progress(tally: Tally) -> None:
-        if tally.examples in marks and len(snaps) < 2:
-            snaps.append(tracemalloc.take_snapshot())
+        if tally.examples in (examples // 5, examples) and tally.examples not in censuses:
+            censuses[tally.examples] = _census()
 
-    tracemalloc.start(8)
     with tempfile.TemporaryDirectory() as tmp:
         run_check(
             load("reference"),
@@ -132,20 +144,11 @@ def growth(examples: int, top: int = 12) -> list[dict[str, Any]]:
             cases_dir=Path(tmp),
             progress=progress,
         )
-    snaps.append(tracemalloc.take_snapshot())
-    tracemalloc.stop()
-    first, last = snaps[0], snaps[-1]
-    rows = []
-    for stat in last.compare_to(first, "traceback")[:top]:
-        frames = [f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback if "kvspec" in f.filename]
-        rows.append(
-            {
-                "grew_kb": round(stat.size_diff / 1024, 1),
-                "blocks": stat.count_diff,
-                "site": " < ".join(frames[:3]) or str(stat.traceback[0]),
-            }
-        )
-    return rows
+    (count0, size0), (count1, size1) = censuses[examples // 5], censuses[examples]
+    grown = sorted(size1, key=lambda kind: size0[kind] - size1[kind])[:top]
+    return [
+        {"grew_kb": round((size1[k] - size0[k]) / 1024, 1), "objects": count1[k] - count0[k], "type": k} for k in grown
+    ]
 
 
 def show(title: str, rows: list[dict[str, Any]]) -> None:
@@ -162,7 +165,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="*", default=[1_000, 10_000, 100_000])
     parser.add_argument("--examples", type=int, nargs="*", default=[200, 2_000, 10_000])
-    parser.add_argument("--growth", type=int, default=0, help="trace one check of this many examples in-process")
+    parser.add_argument("--growth", type=int, default=0, help="census one check of this many examples in-process")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", nargs=3, metavar=("KIND", "N", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -179,7 +182,7 @@ def main() -> None:
         show("kvspec check --adapter reference --max-examples N", result["check"])
     if args.growth:
         result["growth"] = growth(args.growth)
-        show(f"live memory grown from example {args.growth // 5} to {args.growth} (tracemalloc)", result["growth"])
+        show(f"live objects grown from example {args.growth // 5} to {args.growth} (gc census)", result["growth"])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
