@@ -38,10 +38,9 @@ _LENGTH_SALT = _PRIME_5 ^ 3527539
 
 def _fold(acc: int, tokens: Tokens) -> int:
     """CPython's tuple hash state (xxHash lanes, 64-bit) after folding ``tokens`` into ``acc``."""
-    for token in tokens:
-        acc = (acc + (hash(token) & _MASK) * _PRIME_2) & _MASK
-        acc = ((acc << 31) | (acc >> 33)) & _MASK
-        acc = (acc * _PRIME_1) & _MASK
+    for lane in map(hash, tokens):
+        acc = (acc + (lane & _MASK) * _PRIME_2) & _MASK
+        acc = (((acc << 31) | (acc >> 33)) & _MASK) * _PRIME_1 & _MASK  # rotate left 31, then multiply
     return acc
 
 
@@ -175,7 +174,8 @@ class BlockKey:
 
 
 Prefix = BlockKey | Tokens
-"""A block's content as the spec names it: its chained key, or the token tuple that key equals."""
+"""Token content as the spec keys it: a block's chained key, or a token tuple (the prefix such a key
+equals, as a hand-made memory may write it; a record's or entry's prompt)."""
 
 
 def block_keys(

@@ -85,7 +85,7 @@ def cache_index_consistency(t: Transition) -> Problems:
                 problems.append(f"index entry {key!r} points to object {oid!r}, cached as {obj.key!r}")
     memory = t.memory
     for r in obs.requests.values():
-        keys = memory.block_keys(r, bs) if sem.granularity == "block" else []
+        keys = memory.block_keys(r, bs) if sem.granularity == "block" and r.objects else []
         for i, oid in enumerate(r.objects):
             obj = obs.objects.get(oid)
             if obj is None or obj.key is None:
