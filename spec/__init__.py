@@ -4,6 +4,7 @@ It imports nothing of the rest of the kit: it is the model and knows no
 implementation.
 """
 
+from .block_key import BlockKey, Prefix, block_keys
 from .invariants import INVARIANT_NAMES, INVARIANTS, Invariant, KeyMemory, Transition, check_transition
 from .ledger import BlockLedger, EntryLedger, LedgerModel, RecordLedger, Step, validate
 from .observation import ObjectView, Observation, RequestView
@@ -16,6 +17,7 @@ __all__ = [
     "INVARIANT_NAMES",
     "Config",
     "BlockFeatures",
+    "BlockKey",
     "BlockLedger",
     "EntryLedger",
     "Event",
@@ -27,12 +29,14 @@ __all__ = [
     "Op",
     "OrderParams",
     "Outcome",
+    "Prefix",
     "RecordLedger",
     "RequestView",
     "Semantics",
     "SpecError",
     "Step",
     "Transition",
+    "block_keys",
     "blocks_for",
     "check_transition",
     "order_key",

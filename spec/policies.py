@@ -19,9 +19,9 @@ Block-granularity orders (``Semantics.eviction``), each a key over
 For every order but ``lru``, uncached free blocks are taken before any cached
 block is evicted: taking them evicts nothing.
 
-The features are derived from what the ledger holds: a block's key is its whole
-token prefix, so its prefix depth and its cached children follow from the key
-and the set of cached keys.
+The features are derived from what the ledger holds: a block's key stands for its
+whole token prefix and names its parent's key, so its prefix depth and its cached
+children follow from the key and the set of cached keys.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
+
+from .block_key import BlockKey, Prefix, parent_prefix
 
 Oid = TypeVar("Oid", bound=Hashable)
 
@@ -78,17 +80,18 @@ class BlockFeatures:
     free_pos: int
 
 
-def prefix_depth(key: tuple[int, ...], block_size: int) -> int:
-    """The position of the block whose key is ``key`` in its chain (1-based)."""
-    return len(key) // block_size
+def prefix_depth(key: Prefix, block_size: int) -> int:
+    """The position of the block whose key is ``key`` in its chain (1-based): the chain length stored on the key."""
+    return key.depth if isinstance(key, BlockKey) else len(key) // block_size
 
 
-def child_counts(cached_keys: Iterable[tuple[int, ...]], block_size: int) -> Counter[tuple[int, ...]]:
-    """Branch factor of every cached key: how many distinct cached keys extend it by one block."""
-    counts: Counter[tuple[int, ...]] = Counter()
+def child_counts(cached_keys: Iterable[Prefix], block_size: int) -> Counter[Prefix]:
+    """Branch factor of every cached key: how many distinct cached keys extend it by one block (its children)."""
+    counts: Counter[Prefix] = Counter()
     for key in set(cached_keys):
-        if len(key) > block_size:
-            counts[key[:-block_size]] += 1
+        parent = parent_prefix(key, block_size)
+        if parent is not None:
+            counts[parent] += 1
     return counts
 
 

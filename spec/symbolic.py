@@ -890,8 +890,7 @@ class Encoding:
                 raise ValueError(f"slot {sid} is indexed as {entry!r} but carries {slot.key!r}")
             if slot.key is not None and entry is None:
                 raise ValueError(f"slot {sid} carries key {slot.key!r} the index does not hold")
-            key = slot.key or ()
-            assert isinstance(key, tuple)
+            key = () if slot.key is None else tuple(slot.key)  # the prefix a chained key stands for
             ref.append(self.num(slot.ref_count))
             klen.append(self.num(len(key) // bs))
             kbits.append(self.bits(self.pack(key)))

@@ -16,7 +16,6 @@ from typing import Any
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.errors import Flaky
-from hypothesis.stateful import run_state_machine_as_test
 
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.base import Adapter
@@ -29,6 +28,7 @@ from kvspec.spec.ops import bad_input_kinds
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
+from .rounds import run_in_rounds
 from .strategies import DEFAULT_RANGES, PoolRanges
 
 BAD_INPUT_REJECTED = "bad_input_rejected"
@@ -202,7 +202,7 @@ def run_check(
             machine = _with_quality(machine, quality)
             if seed is not None:
                 machine = hypothesis.seed(seed)(machine)
-            run_state_machine_as_test(machine, settings=_settings(profile, max_examples, seed))
+            run_in_rounds(machine, _settings(profile, max_examples, seed), seed)
         except Flaky as exc:  # first: Hypothesis's FlakyFailure is an ExceptionGroup too
             result.status = "violated"
             result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})

@@ -4,7 +4,8 @@ Observation.to_json is for people (it prints oids with repr). A trace needs the
 values back: the invariants compare oids and cache keys for equality and look
 keys up in dicts, and the spec's record and entry keys must come back as the
 same tuples. The encoding keeps JSON scalars as they are, turns tuples (and
-lists) into JSON arrays that read back as tuples, bytes into {"bytes": hex},
+lists) into JSON arrays that read back as tuples (a spec BlockKey into the array
+of its prefix, which reads back as the tuple it equals), bytes into {"bytes": hex},
 and anything else into {"repr": text}, which reads back as an Opaque value equal
 to every other Opaque of the same text.
 """
@@ -15,7 +16,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.spec import Event, ObjectView, Observation, RequestView
+from kvspec.spec import BlockKey, Event, ObjectView, Observation, RequestView
 
 from . import values
 from .lines import TraceFormatError
@@ -35,7 +36,7 @@ def encode(value: object) -> Any:
     """JSON for an oid or a cache key; ``decode(encode(v)) == v`` for None, bool, int, float, str, bytes, tuples."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
-    if isinstance(value, tuple | list):
+    if isinstance(value, tuple | list | BlockKey):
         return [encode(v) for v in value]
     if isinstance(value, bytes):
         return {"bytes": value.hex()}

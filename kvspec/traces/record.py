@@ -17,7 +17,7 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapters.base import Adapter
-from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, size_of
+from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, Prefix, block_keys, size_of
 from kvspec.spec.ops import OpKind
 
 from . import values
@@ -166,7 +166,7 @@ class SideTableDeriver:
             raise ValueError(f"a side table needs a block-granularity adapter; {adapter.name} is {sem.granularity}")
         self.config, self.semantics, self.name = config, sem, adapter.name
         self.model = BlockLedger(config, sem) if sem.exact and sem.eviction == "lru" else None
-        self.key_of: dict[tuple[int, ...], Hashable] = {}
+        self.key_of: dict[Prefix, Hashable] = {}  # the spec's key of a block -> the adapter's
         self.seq = 0
 
     def header(self) -> dict[str, Any]:
@@ -184,10 +184,10 @@ class SideTableDeriver:
     def _learn(self, obs: Observation) -> None:
         bs = self.config.block_size
         for r in obs.requests.values():
-            for i, oid in enumerate(r.objects):
+            for oid, content in zip(r.objects, block_keys(r.tokens, bs), strict=False):  # its full blocks
                 obj = obs.objects.get(oid)
-                if obj is not None and obj.key is not None and len(r.tokens) >= (i + 1) * bs:
-                    self.key_of.setdefault(r.tokens[: (i + 1) * bs], obj.key)
+                if obj is not None and obj.key is not None:
+                    self.key_of.setdefault(content, obj.key)
 
     def _event(self, out: list[dict[str, Any]], name: str, step: int, **fields: Any) -> None:
         self.seq += 1
@@ -235,8 +235,8 @@ class SideTableDeriver:
         if op.op in ("admit", "resume") and rid in after.requests and s.outcome.status == "ok":
             req = after.requests[rid]
             hashes = []
-            for i in range(len(req.tokens) // bs):
-                key = self.key_of.get(req.tokens[: (i + 1) * bs])
+            for content in block_keys(req.tokens, bs):
+                key = self.key_of.get(content)
                 if key is None:
                     break
                 hashes.append(_hash_json(key))

@@ -6,7 +6,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..block_key import BlockKey, Prefix, block_keys
 from ..ledger import Content
+from ..observation import RequestView
 from ..ops import Semantics
 from .quality import PolicyQuality
 
@@ -20,12 +22,13 @@ class KeyMemory:
 
     Implementations' keys are opaque (a block hash); the spec keys by content. At
     block granularity the content of the key of the i-th block of a request is the
-    request's first (i+1)*block_size tokens; at record and entry granularity the
-    key is the prompt itself.
+    spec's chained BlockKey of the request's first (i+1)*block_size tokens (equal to
+    that token tuple, which a hand-made memory may hold instead); at record and entry
+    granularity the key is the prompt itself.
     """
 
-    content: dict[Hashable, Content] = field(default_factory=dict)
-    key_of: dict[Content, Hashable] = field(default_factory=dict)
+    content: dict[Hashable, Prefix] = field(default_factory=dict)
+    key_of: dict[Prefix, Hashable] = field(default_factory=dict)
     # Block granularity, learned across transitions by ``track`` (the policy checks read them):
     # the LRU order in which cached blocks reached ref_count 0 (oid -> sequence number, tail block first),
     free_order: dict[Hashable, int] = field(default_factory=dict)
@@ -33,8 +36,25 @@ class KeyMemory:
     # and each block's peak ref_count since it last left the free pool (its share degree).
     share_peak: dict[Hashable, int] = field(default_factory=dict)
     quality: PolicyQuality = field(default_factory=PolicyQuality)
+    # Block granularity: each live request's tokens as last seen, and the keys of their full blocks.
+    chains: dict[str, tuple[Content, list[BlockKey]]] = field(default_factory=dict)
 
-    def content_of(self, key: Hashable, semantics: Semantics) -> Content | None:
+    def block_keys(self, request: RequestView, block_size: int) -> list[BlockKey]:
+        """The spec's keys of the request's full blocks, in order.
+
+        Keeps ``chains[request.req]`` the keys of ``request.tokens``: while a request's
+        tokens only grow (decode, append) the keys seen at earlier steps are kept and
+        only its new full blocks are chained on, so a step costs O(blocks it added).
+        """
+        tokens = request.tokens
+        old, keys = self.chains.get(request.req, ((), []))
+        if not (old is tokens or (len(old) <= len(tokens) and tokens[: len(old)] == old)):
+            keys = []
+        keys.extend(block_keys(tokens, block_size, start=len(keys), parent=keys[-1] if keys else None))
+        self.chains[request.req] = (tokens, keys)
+        return keys
+
+    def content_of(self, key: Hashable, semantics: Semantics) -> Prefix | None:
         """The tokens ``key`` stands for: the key itself above block granularity; None while not seen yet."""
         if semantics.granularity != "block":
             return key if isinstance(key, tuple) else None
@@ -49,6 +69,8 @@ class KeyMemory:
         """
         if t.semantics.granularity != "block":
             return
+        for req in set(self.chains) - set(t.after.requests):
+            del self.chains[req]
         self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before the step
         before, after = t.before, t.after
         left = {e.oid for e in t.events}

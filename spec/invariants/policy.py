@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from ..block_key import block_keys
 from ..ledger import Content
 from ..observation import ObjectView
 from ..ops import blocks_for, size_of
@@ -15,6 +16,7 @@ from ..policies import (
     OrderParams,
     child_counts,
     order_key,
+    prefix_depth,
     retention_score,
 )
 from .transition import Invariant, Problems, Transition, bad_input, eviction_candidates
@@ -84,8 +86,8 @@ def _hit_chain(t: Transition, tokens: Content) -> list[Hashable]:
     """The cached blocks an admission of ``tokens`` reuses: the longest chain of cached full blocks, hit-capped."""
     index, bs = t.before.index or {}, t.config.block_size
     hits: list[Hashable] = []
-    while len(hits) < len(tokens) // bs:
-        key = t.memory.key_of.get(tokens[: (len(hits) + 1) * bs])
+    for content in block_keys(tokens, bs):
+        key = t.memory.key_of.get(content)
         if key is None or not index.get(key):
             break
         hits.append(index[key][0])
@@ -134,7 +136,7 @@ def _observed_features(t: Transition, order: BlockOrder) -> dict[Hashable, Block
             hits=o.hits or 0,
             share_degree=share or 0,
             branch_factor=0,
-            prefix_depth=len(content) // bs if content is not None else 0,
+            prefix_depth=prefix_depth(content, bs) if content is not None else 0,
             last_used=o.last_used or 0,
             free_pos=pos,
         )

@@ -6,6 +6,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..block_key import parent_prefix
 from ..observation import Observation
 from ..ops import Config, Semantics
 from .transition import Transition, eviction_candidates
@@ -87,10 +88,11 @@ def orphaned_blocks(obs: Observation, config: Config, semantics: Semantics, memo
     bs = config.block_size
     contents = {oid: memory.content_of(o.key, semantics) for oid, o in obs.objects.items() if o.key is not None}
     cached = {c for c in contents.values() if c is not None}
+    parents = {oid: parent_prefix(c, bs) for oid, c in contents.items() if c is not None}
     return [
         oid
-        for oid, c in contents.items()
-        if c is not None and len(c) > bs and c[:-bs] not in cached and obs.objects[oid].ref_count == 0
+        for oid, parent in parents.items()
+        if parent is not None and parent not in cached and obs.objects[oid].ref_count == 0
     ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from ..block_key import Prefix
 from ..ops import blocks_for, size_of
 from .transition import Invariant, Problems, Transition, bad_input
 
@@ -84,15 +85,17 @@ def cache_index_consistency(t: Transition) -> Problems:
                 problems.append(f"index entry {key!r} points to object {oid!r}, cached as {obj.key!r}")
     memory = t.memory
     for r in obs.requests.values():
+        keys = memory.block_keys(r, bs) if sem.granularity == "block" and r.objects else []
         for i, oid in enumerate(r.objects):
             obj = obs.objects.get(oid)
             if obj is None or obj.key is None:
                 continue
+            content: Prefix
             if sem.granularity == "block":
-                content = r.tokens[: (i + 1) * bs]
-                if len(content) < (i + 1) * bs:
+                if i >= len(keys):
                     problems.append(f"partial block {oid!r} of request {r.req!r} carries cache key {obj.key!r}")
                     continue
+                content = keys[i]
             else:
                 content = r.tokens[: r.prompt_len]
             seen = memory.content.get(obj.key)
@@ -137,16 +140,15 @@ def share_without_duplication(t: Transition) -> Problems:
         return [*problems, f"admitted request {t.op.req!r} is not live"]
     if sem.granularity == "block":
         bs, n = t.config.block_size, len(request.tokens)
-        chain = 0
-        while chain < n // bs:
-            key = t.memory.key_of.get(request.tokens[: (chain + 1) * bs])
+        chain: list[Hashable] = []  # the implementation's keys of the request's cached full blocks, in order
+        for content in t.memory.block_keys(request, bs):
+            key = t.memory.key_of.get(content)
             if key is None or key not in index:
                 break
-            chain += 1
+            chain.append(key)
         if sem.hit_cap:
-            chain = min(chain, (n - 1) // bs)
-        for i in range(min(chain, len(request.objects))):
-            key = t.memory.key_of[request.tokens[: (i + 1) * bs]]
+            chain = chain[: (n - 1) // bs]
+        for i, key in enumerate(chain[: len(request.objects)]):
             if request.objects[i] not in index[key]:
                 problems.append(
                     f"block {i} of {t.op.req!r} is new object {request.objects[i]!r} although "

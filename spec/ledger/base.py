@@ -2,7 +2,8 @@
 
 Keys in the spec are the token content itself (a block's whole prefix, a
 record's or entry's prompt): exact, collision-free, and independent of any
-implementation's hash function.
+implementation's hash function. A block's key is a chained ``BlockKey`` (its
+parent's key and its own tokens) that equals its prefix without holding it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
 
+from ..block_key import BlockKey, Prefix
 from ..observation import ObjectView, Observation, RequestState, RequestView
 from ..ops import OP_KINDS, Config, Granularity, Op, Outcome, Semantics, SpecError, size_of
 
@@ -72,7 +74,7 @@ def validate(op: Op, obs: Observation, config: Config, semantics: Semantics) -> 
 class CacheObject:
     """One cache object: a block's slot, a record or an entry."""
 
-    key: Content | None = None
+    key: Prefix | None = None
     tokens: int = 0
     size: int = 1
     ref_count: int = 0
@@ -91,6 +93,7 @@ class Request:
     objects: list[object] = field(default_factory=list)
     state: RequestState = "running"
     cache_limit: int | None = None  # the admission gate: full blocks from this position on stay uncached
+    block_keys: list[BlockKey] = field(default_factory=list)  # block granularity: the keys of its full blocks
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,8 @@ class Step:
     """The spec's verdict on one operation: outcome, left-cache contents, free capacity after."""
 
     outcome: Outcome
-    evicted: tuple[Content, ...]
-    reclaimed: tuple[Content, ...]
+    evicted: tuple[Prefix, ...]
+    reclaimed: tuple[Prefix, ...]
     free: int
     # Block granularity: the slot each evicted / reclaimed key left (with duplicate keys, not always index[key]).
     evicted_slots: tuple[int, ...] = ()
@@ -143,8 +146,8 @@ class LedgerModel:
         self.clock = 0
         self.requests: dict[str, Request] = {}
         # What left the cache during the current step, in order.
-        self._evicted: list[Content] = []
-        self._reclaimed: list[Content] = []
+        self._evicted: list[Prefix] = []
+        self._reclaimed: list[Prefix] = []
         self._evicted_slots: list[int] = []
         self._reclaimed_slots: list[int] = []
 

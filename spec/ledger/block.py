@@ -2,9 +2,9 @@
 
 ``capacity`` physical slots. A slot with ref_count 0 sits in the free queue
 (LRU: head evicted first), cached or not; a referenced slot never does. The
-index maps each cached key (the block's whole prefix) to the slot found under
-it; with duplicate_keys="indexed" further slots cached under the same key
-follow in ``duplicates``.
+index maps each cached key (the block's chained ``BlockKey``, which stands for
+its whole prefix) to the slot found under it; with duplicate_keys="indexed"
+further slots cached under the same key follow in ``duplicates``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 
+from ..block_key import BlockKey, block_keys
 from ..observation import ObjectView
 from ..ops import Config, Op, Outcome, Semantics, blocks_for
 from ..policies import BlockFeatures, OrderParams, child_counts, prefix_depth, victim
-from .base import CacheObject, Content, LedgerModel, Operation, Request
+from .base import CacheObject, LedgerModel, Operation, Request
 
 
 class BlockLedger(LedgerModel, granularity="block"):
@@ -25,8 +26,8 @@ class BlockLedger(LedgerModel, granularity="block"):
         super().__init__(config, semantics)
         self.slots = [CacheObject() for _ in range(config.capacity)]
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(config.capacity))
-        self.index: dict[Content, int] = {}
-        self.duplicates: dict[Content, list[int]] = {}
+        self.index: dict[BlockKey, int] = {}
+        self.duplicates: dict[BlockKey, list[int]] = {}
 
     @property
     def free(self) -> int:
@@ -54,11 +55,17 @@ class BlockLedger(LedgerModel, granularity="block"):
         }
 
     # -- the index and the free queue -------------------------------------------------
-    def _prefix(self, tokens: Content, i: int) -> Content:
-        """The key of block ``i`` of ``tokens``: its whole prefix."""
-        return tokens[: (i + 1) * self.config.block_size]
+    def _block_keys(self, request: Request) -> list[BlockKey]:
+        """The keys of the request's full blocks, in order: ``request.block_keys``, chained on as its tokens grew.
 
-    def _unindex(self, key: Content, sid: int) -> None:
+        Each block's key is built once, from its parent's, so keying a request of n tokens costs O(n).
+        """
+        keys, bs = request.block_keys, self.config.block_size
+        parent = keys[-1] if keys else None
+        keys.extend(block_keys(request.tokens, bs, start=len(keys), parent=parent))
+        return keys
+
+    def _unindex(self, key: BlockKey, sid: int) -> None:
         """Drop slot ``sid`` from the index under ``key``; the next duplicate, if any, takes its place."""
         more = self.duplicates.get(key, [])
         if self.index.get(key) == sid:
@@ -84,7 +91,7 @@ class BlockLedger(LedgerModel, granularity="block"):
             sid = self._next_free()
             del self.free_queue[sid]
             slot = self.slots[sid]
-            if slot.key is not None:
+            if isinstance(slot.key, BlockKey):
                 self._unindex(slot.key, sid)
                 self._evicted.append(slot.key)
                 self._evicted_slots.append(sid)
@@ -135,12 +142,12 @@ class BlockLedger(LedgerModel, granularity="block"):
         queues behind the first. Blocks at or past the request's cache_limit
         (the admission gate) stay uncached.
         """
-        bs = self.config.block_size
-        full = len(request.tokens) // bs
+        keys = self._block_keys(request)
+        full = len(keys)
         if request.cache_limit is not None:
             full = min(full, request.cache_limit)
         for i in range(start, full):
-            key = self._prefix(request.tokens, i)
+            key = keys[i]
             sid = request.objects[i]
             assert isinstance(sid, int)
             if key not in self.index:
@@ -163,14 +170,14 @@ class BlockLedger(LedgerModel, granularity="block"):
         All or nothing: refused, before anything changes, unless the free queue
         holds the new blocks and the cached-free hit blocks that leave it.
         """
-        tokens, bs = request.tokens, self.config.block_size
-        n = len(tokens)
+        bs, n = self.config.block_size, len(request.tokens)
+        keys = self._block_keys(request)
         hit_blocks = 0
-        while hit_blocks < n // bs and self._prefix(tokens, hit_blocks) in self.index:
+        while hit_blocks < len(keys) and keys[hit_blocks] in self.index:
             hit_blocks += 1
         if self.semantics.hit_cap:
             hit_blocks = min(hit_blocks, (n - 1) // bs)
-        hits = [self.index[self._prefix(tokens, i)] for i in range(hit_blocks)]
+        hits = [self.index[keys[i]] for i in range(hit_blocks)]
         need = blocks_for(n, bs) - hit_blocks
         leaving_free = sum(1 for sid in hits if sid in self.free_queue)
         if need + leaving_free > len(self.free_queue):
@@ -206,7 +213,7 @@ class BlockLedger(LedgerModel, granularity="block"):
             slot.ref_count -= 1
             if slot.ref_count:
                 continue
-            if slot.key is not None and not keep:
+            if isinstance(slot.key, BlockKey) and not keep:
                 self._unindex(slot.key, sid)
                 self._reclaimed.append(slot.key)
                 self._reclaimed_slots.append(sid)
@@ -232,7 +239,7 @@ class BlockLedger(LedgerModel, granularity="block"):
         """Re-admit a preempted request's tokens; refused, it stays preempted as it was."""
         assert op.req is not None
         waiting = self.requests[op.req]
-        fresh = Request(waiting.tokens, waiting.prompt_len)
+        fresh = Request(waiting.tokens, waiting.prompt_len, block_keys=list(waiting.block_keys))
         outcome = self._admission(op.req, fresh)
         if outcome.status != "ok":
             self.requests[op.req] = waiting
@@ -276,7 +283,7 @@ class BlockLedger(LedgerModel, granularity="block"):
         if self.semantics.reset_requires_idle and any(s.ref_count for s in self.slots):
             return Outcome.refused("blocks are in use")
         for sid, slot in enumerate(self.slots):
-            if slot.key is not None and not slot.ref_count:
+            if isinstance(slot.key, BlockKey) and not slot.ref_count:
                 self._reclaimed.append(slot.key)
                 self._reclaimed_slots.append(sid)
                 self._unindex(slot.key, sid)
