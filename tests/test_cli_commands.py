@@ -29,6 +29,7 @@ ERROR_CASES: dict[str, list[str]] = {
     "bench live": ["bench", "live", "--pairs", "0"],
     "trace check": ["trace", "check", "{tmp}/missing.jsonl"],
     "trace record": ["trace", "record", "--adapter", "no-such-adapter", "--out", "{tmp}/t.jsonl"],
+    "trace convert": ["trace", "convert", "{tmp}/missing.jsonl", "--to", "side-table", "--out", "{tmp}/s.jsonl"],
 }
 
 
