@@ -9,10 +9,11 @@ bug is still there (``known``) or gone (``fixed``).
 
 **The fingerprint** of a counterexample is its invariant and the *shape* of its ops up to
 the violating step: each op's kind, its request renamed by order of first appearance
-(``r0``, ``r1``, ...), its tokens renamed likewise (the first distinct token value is 0, the
-next 1, ...), its keep and preemption mode. Two shrunk cases of one bug found from different
-seeds differ in request names and token values, not in that shape; the pool's size is left
-out because the shrinker lowers it as far as the bug allows, whatever the seed.
+(``r0``, ``r1``, ...), the full blocks of its tokens named by their prefix in order of first
+appearance (so which blocks are shared shows, their token values do not), its keep and
+preemption mode. Shrunk cases of one bug found from different seeds differ in request names,
+token values, a partial last block and the pool's size (the shrinker lowers it as far as the
+bug allows, from wherever it started), so none of those count.
 """
 
 from __future__ import annotations
@@ -34,21 +35,25 @@ BASELINE_SCHEMA = 1
 """Version of the baseline JSON (its ``kvspec_baseline`` key)."""
 
 
-def fingerprint(invariant: str, ops: Sequence[Op], step: int | None = None) -> str:
-    """The fingerprint of a counterexample breaking ``invariant`` at ``step`` (None: its last op)."""
+def fingerprint(invariant: str, ops: Sequence[Op], step: int | None = None, block_size: int = 1) -> str:
+    """The fingerprint of a counterexample breaking ``invariant`` at ``step`` (None: its last op) on a pool of
+    ``block_size`` tokens per block."""
     requests: dict[str | None, str] = {None: "-"}
-    tokens: dict[int, int] = {}
+    blocks: dict[tuple[int, ...], int] = {}
     shape = [invariant]
     for op in ops[: None if step is None else step + 1]:
         req = requests.setdefault(op.req, f"r{len(requests) - 1}")
-        names = ".".join(str(tokens.setdefault(t, len(tokens))) for t in op.tokens)
+        full = len(op.tokens) - len(op.tokens) % block_size
+        prefixes = (tuple(op.tokens[:end]) for end in range(block_size, full + 1, block_size))
+        names = ".".join(str(blocks.setdefault(p, len(blocks))) for p in prefixes)
         shape.append(f"{op.op}({req};{names};{op.keep:d};{op.mode})")
     return hashlib.sha256("|".join(shape).encode()).hexdigest()[:16]
 
 
 def case_fingerprint(case: Case) -> str:
     """The fingerprint of a saved case (its ``expected`` names the invariant and the step)."""
-    return fingerprint(str(case.expected.get("invariant", "")), case.ops, case.expected.get("step"))
+    invariant = str(case.expected.get("invariant", ""))
+    return fingerprint(invariant, case.ops, case.expected.get("step"), case.config.block_size)
 
 
 @dataclass(frozen=True)
