@@ -16,6 +16,8 @@ from kvspec.report import ExitCode
 # One invocation per command that cannot run: bad usage, a missing file, an unknown adapter, a bad size.
 ERROR_CASES: dict[str, list[str]] = {
     "check": ["check", "--adapter", "no-such-adapter"],
+    "gate": ["gate", "--config", "{tmp}/missing.toml"],
+    "baseline add": ["baseline", "add", "{tmp}/missing.json", "--reason", "r", "--baseline", "{tmp}/b.json"],
     "replay": ["replay", "{tmp}/missing.json"],
     "adapters": ["adapters", "--bogus"],
     "gpu-check": ["gpu-check", "--repeats", "0"],

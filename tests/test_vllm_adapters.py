@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
 
-from vllm_bugs import KNOWN_BUGS, VLLM_BUGS, VllmBug
+from vllm_bugs import KNOWN_BUGS, SEEDED_AS, VLLM_BUGS, VllmBug
 
 from kvspec.adapters import _vllm_shims as shims
 from kvspec.adapters.base import Adapter
@@ -173,14 +173,17 @@ def test_seeded_vllm_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyPat
     assert not [f for f in result.findings if f["kind"] == "flaky"]
 
 
-@pytest.mark.parametrize("known", KNOWN_BUGS, ids=[k.name for k in KNOWN_BUGS])
+@pytest.mark.parametrize("known", KNOWN_BUGS, ids=[k.fingerprint for k in KNOWN_BUGS])
 def test_known_vllm_bug_regression(known: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The shrunk case from the release matrix: it holds on a fixed release, and fails on the historical code."""
+    """The baseline entry's case from the release matrix: it holds on a fixed release, fails on the historical
+    code, and the entry's release range says which the installed release is."""
     fixed = tolerates_repeats()
-    violation = replay_ops(FACTORIES[known.adapter](), known.config, known.ops, refine=False)
+    installed = FACTORIES[known.adapter]()
+    assert known.applies_to(known.adapter, installed.capabilities.version) == (not fixed)
+    violation = replay_ops(installed, known.case.config, known.case.ops, refine=False)
     assert (violation is None) == fixed, violation
-    bug = next(b for b in VLLM_BUGS if b.name == known.seeded_as)
+    bug = next(b for b in VLLM_BUGS if b.name == SEEDED_AS[known.fingerprint])
     target = bug.target()
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
-    violation = replay_ops(FACTORIES[known.adapter](), known.config, known.ops, refine=False)
+    violation = replay_ops(FACTORIES[known.adapter](), known.case.config, known.case.ops, refine=False)
     assert violation is not None and known.invariant in violation.failures
