@@ -7,6 +7,7 @@ adapter before it is reported; one that does not reproduce is reported as flaky.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ class Result:
     applicable: frozenset[str] = frozenset()
     given_cases: int = 0
     bad_kinds: tuple[str, ...] = ()  # the classes of bad input the adapter can be given
+    more_failures: list[tuple[Violation, list[Op], Config | None]] = field(default_factory=list)  # keep_going
 
     @property
     def exit_code(self) -> ExitCode:
@@ -103,6 +105,7 @@ class Result:
             sections={
                 "given_cases": self.given_cases,
                 "examples_to_first_failure": (tally.first_failure_at or (None, None))[0],
+                "seconds_to_first_failure": None if tally.first_failure_s is None else round(tally.first_failure_s, 3),
             },
             title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}",
             details=self._details(),
@@ -116,17 +119,21 @@ class Result:
         if self.given_cases:
             lines.append(f"the first {self.given_cases} examples were the bounded model's coverage cases")
         if tally.first_failure_at is not None:
-            lines.append(f"first failure after {tally.first_failure_at[0]} examples; the rest were shrinking")
+            lines.append(
+                f"first failure after {tally.first_failure_at[0]} examples ({tally.first_failure_s or 0:.1f} s); "
+                "the rest were shrinking"
+            )
         if tally.coverage:
             lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.coverage.items())))
-        if self.failure is not None:
-            lines += ["", f"VIOLATED {self.failure.invariant} (shrunk to {len(self.failure_ops)} ops):"]
-            if self.failure_config is not None:
-                lines.append(f"  pool: {json.dumps(self.failure_config.to_json())}")
-            for i, op in enumerate(self.failure_ops):
-                marker = "  <-- " + ", ".join(sorted(self.failure.failures)) if i == self.failure.step else ""
+        shown = [(self.failure, self.failure_ops, self.failure_config)] if self.failure is not None else []
+        for failure, ops, config in shown + self.more_failures:
+            lines += ["", f"VIOLATED {failure.invariant} (shrunk to {len(ops)} ops):"]
+            if config is not None:
+                lines.append(f"  pool: {json.dumps(config.to_json())}")
+            for i, op in enumerate(ops):
+                marker = "  <-- " + ", ".join(sorted(failure.failures)) if i == failure.step else ""
                 lines.append(f"  {i:>3}. {op}{marker}")
-            for name, problems in self.failure.failures.items():
+            for name, problems in failure.failures.items():
                 lines += [f"  {name}: {p}" for p in problems[:3]]
         for finding in self.findings:
             lines.append(f"finding ({finding['kind']}): {finding.get('message') or finding.get('problems')}")
@@ -168,6 +175,7 @@ def run_check(
     refine: bool = True,
     adapter: Adapter | None = None,
     isolate: bool = True,
+    keep_going: bool = False,
 ) -> Result:
     """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
 
@@ -176,10 +184,15 @@ def run_check(
     each call under ``step_timeout`` (adapters/isolation.py); False runs it in this process
     (a debugger sees it; a hang is not cut off). ``adapter``: a first instance already
     built (the dispatch builds one to read its capabilities); fresh ones come from ``factory``.
+    ``keep_going``: a violation does not end the run; every distinct invariant that a failure
+    broke first (in the given cases, then among the failures Hypothesis shrank, each on its own)
+    is reported once, with its own shrunk, replayed case; ``result.failure`` is the first found.
     """
     t0 = time.perf_counter()
     tally = Tally()
     quality = PolicyQuality()
+    if seed is None and not profile.derandomize:
+        seed = random.SystemRandom().getrandbits(32)  # drawn here, so that the report names it and --seed replays it
     result = Result(name, "", profile.name, seed, now(), tally)
     make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
     try:
@@ -191,18 +204,29 @@ def run_check(
             caps = adapter.capabilities
             result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
             result.given_cases = len(extra_cases)
+            found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
             for case in extra_cases:
                 violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
-                if violation is not None:
+                if violation is not None and not keep_going:
                     _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
                     return result
+                if violation is not None:
+                    violation.config = case.config
+                    found.append(violation)
             machine = build_machine(adapter, tally, profile.ranges, refine=refine)
             if progress is not None:
                 machine = _with_progress(machine, tally, progress)
             machine = _with_quality(machine, quality)
             if seed is not None:
                 machine = hypothesis.seed(seed)(machine)
-            run_in_rounds(machine, _settings(profile, max_examples, seed), seed)
+            try:
+                run_in_rounds(machine, _settings(profile, max_examples, seed), seed)
+            except (Violation, BaseExceptionGroup) as raised:
+                if not keep_going or isinstance(raised, Flaky):
+                    raise
+                found += _all_reported(raised)
+            if found:
+                _record_failures(result, make, found, cases_dir, name, refine)
         except Flaky as exc:  # first: Hypothesis's FlakyFailure is an ExceptionGroup too
             result.status = "violated"
             result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
@@ -261,6 +285,43 @@ def _reported(raised: BaseException, first: str | None) -> Violation:
             raise rest if rest is not None else raised
         found = [v for v in violations.exceptions if isinstance(v, Violation)]
     return next((v for v in found if v.invariant == first), found[0])
+
+
+def _all_reported(raised: BaseException) -> list[Violation]:
+    """Every failure Hypothesis shrank (one per invariant broken first), in the order the group lists them."""
+    if isinstance(raised, Violation):
+        return [raised]
+    assert isinstance(raised, BaseExceptionGroup)
+    violations, rest = raised.split(Violation)
+    if violations is None:
+        raise rest if rest is not None else raised
+    return [v for v in violations.exceptions if isinstance(v, Violation)]
+
+
+def _record_failures(
+    result: Result,
+    factory: AdapterFactory,
+    found: Sequence[Violation],
+    cases_dir: Path,
+    name: str,
+    refine: bool,
+) -> None:
+    """keep_going: record each distinct invariant's first failure (shrunk, replayed, saved) once; the first found
+    is ``result.failure``, the others ``result.more_failures``; each row keeps its own shrunk example."""
+    rows: dict[str, dict[str, Any]] = {}
+    recorded: list[tuple[Violation, list[Op], Config | None]] = []
+    for violation in found:
+        if violation.invariant in {v.invariant for v, _, _ in recorded}:
+            continue
+        config = violation.config or Config()
+        _record_failure(result, factory, config, violation.ops, violation, cases_dir, name, refine)
+        assert result.failure is not None
+        recorded.append((result.failure, result.failure_ops, result.failure_config))
+        for inv, row in result.tally.first_violation.items():
+            rows.setdefault(inv, row)
+    result.tally.first_violation = rows
+    (result.failure, result.failure_ops, result.failure_config), *more = recorded
+    result.more_failures = more
 
 
 def _keep_what_was_found(result: Result, cases_dir: Path) -> None:
@@ -380,13 +441,14 @@ def _with_quality(machine: type, quality: PolicyQuality) -> type:
 
 
 def _quality_finding(adapter: Adapter, quality: PolicyQuality) -> dict[str, Any]:
-    """The policy-quality report: orphaned cached blocks (never hit again) and the capacity they held."""
+    """The policy-quality report: orphaned and lost-hit cached blocks (never hit again) and the capacity they held."""
     data = quality.to_json()
     eviction = adapter.capabilities.semantics.eviction
     message = (
         f"eviction {eviction}: {data['evictions']} evictions, {data['evictions_with_choice']} with a choice; "
         f"orphaned cached blocks held {data['orphan_capacity_share']:.2%} of capacity over "
-        f"{data['steps']} steps (at most {data['orphans_max']} at once)"
+        f"{data['steps']} steps (at most {data['orphans_max']} at once); cached blocks no lookup finds (lost hits) "
+        f"held {data['lost_capacity_share']:.2%} (at most {data['lost_max']} at once)"
     )
     return {"kind": "policy_quality", "eviction": eviction, "message": message, **data}
 

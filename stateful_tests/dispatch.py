@@ -50,6 +50,7 @@ class Options:
     scenarios: bool = True
     quiet: bool = True
     isolate: bool = True  # each adapter in its own child process, every call under step_timeout
+    keep_going: bool = False  # report each distinct violated invariant once, each with its own shrunk case
     live: LiveTarget = field(default_factory=LiveTarget)
 
 
@@ -89,6 +90,7 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
 
         # Then one short case per class of bad input the adapter can be given (bad_inputs.py).
         extra = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
+        extra = [case for case in extra if all(caps.allows(op) for op in case.ops)]
     return run_check(
         factory,
         name=name,
@@ -102,6 +104,7 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         extra_cases=extra,
         adapter=adapter,
         isolate=options.isolate,
+        keep_going=options.keep_going,
     ).report()
 
 
