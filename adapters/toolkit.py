@@ -58,14 +58,17 @@ def derived_events(before: Observation, after: Observation, taken: Iterable[Hash
     the step took from the free pool as new blocks, not as hits) that held a key before, whatever it holds
     after (a block evicted and keyed again with the same prefix in one step).
 
-    Limits: the order within a step is the order of ``before.objects``, not the engine's; a key dropped on
-    purpose (a reclaim) reads as an eviction, so an adapter whose engine reclaims relabels those itself;
-    a block that held a key only in the middle of a step is never seen.
+    Order: the blocks in ``taken``, in the order given (the order the engine took them from its free
+    pool), then the others in the order of ``before.objects``. Limits: that second order is not the
+    engine's; a key dropped on purpose (a reclaim) reads as an eviction, so an adapter whose engine
+    reclaims relabels those itself; a block that held a key only in the middle of a step is never seen.
     """
-    fresh = set(taken)
+    fresh = dict.fromkeys(taken)
+    order = [*fresh, *(oid for oid in before.objects if oid not in fresh)]
     events = []
-    for oid, was in before.objects.items():
-        if was.key is None:
+    for oid in order:
+        was = before.objects.get(oid)
+        if was is None or was.key is None:
             continue
         now = after.objects.get(oid)
         if now is None or now.key != was.key or oid in fresh:
