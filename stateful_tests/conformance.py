@@ -144,8 +144,13 @@ class Result:
 
 def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
     """Invariants that can be judged for this adapter (refinement needs declared exact semantics)."""
-    exact = adapter.capabilities.semantics.exact and refine
-    return frozenset(inv.name for inv in INVARIANTS if inv.kind != "refinement" or exact) | {ADAPTER_CONTRACT}
+    semantics = adapter.capabilities.semantics
+    exact = semantics.exact and refine
+    return frozenset(
+        inv.name
+        for inv in INVARIANTS
+        if (inv.kind != "refinement" or exact) and semantics.granularity in inv.granularities
+    ) | {ADAPTER_CONTRACT}
 
 
 def replay_ops(

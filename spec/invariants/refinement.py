@@ -96,7 +96,7 @@ def _short(contents: object) -> str:
 
 
 REFINEMENT: tuple[Invariant, ...] = (
-    Invariant("index_completeness", "refinement", index_completeness),
+    Invariant("index_completeness", "refinement", index_completeness, frozenset({"block"})),
     Invariant("predicted_admission", "refinement", predicted_admission),
     Invariant("predicted_eviction", "refinement", predicted_eviction),
     Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),

@@ -263,7 +263,7 @@ SAFETY: tuple[Invariant, ...] = (
     Invariant("bad_input_rejected", "safety", bad_input_rejected),
     Invariant("atomic_failure", "safety", atomic_failure),
     Invariant("no_active_eviction", "safety", no_active_eviction),
-    Invariant("hit_keeps_key", "safety", hit_keeps_key),
+    Invariant("hit_keeps_key", "safety", hit_keeps_key, frozenset({"block"})),
     Invariant("share_without_duplication", "safety", share_without_duplication),
     Invariant("tail_rounding", "safety", tail_rounding),
     Invariant("cache_index_consistency", "safety", cache_index_consistency),
