@@ -20,11 +20,13 @@ BUILTIN: dict[str, str] = {
     "reference-score": "kvspec.adapters.reference_paged:ReferenceScoreAdapter",
     "reference-shared-aware": "kvspec.adapters.reference_paged:ReferenceSharedAwareAdapter",
     "reference-family-protect": "kvspec.adapters.reference_paged:ReferenceFamilyProtectAdapter",
+    "reference-newest": "kvspec.adapters.reference_paged:ReferenceNewestAdapter",
     "lifecycle-sim": "kvspec.adapters.lifecycle_sim:LifecycleSimAdapter",
     "scheduler-sim": "kvspec.adapters.scheduler_sim:SchedulerSimAdapter",
     "vllm": "kvspec.adapters.vllm_inprocess:VllmAdapter",
     "vllm-blockpool": "kvspec.adapters.vllm_blockpool:VllmBlockPoolAdapter",
     "vllm-live": "kvspec.adapters.vllm_live.adapter:VllmLiveAdapter",
+    "nano-vllm": "kvspec.adapters.nano_vllm:NanoVllmAdapter",
 }
 
 ENTRY_POINT_GROUP = "kvspec.adapters"

@@ -13,6 +13,11 @@ from typing import Protocol, runtime_checkable
 from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
 from kvspec.spec.ops import OP_KINDS, OpKind
 
+DECLINABLE: dict[str, str] = {
+    "release_drop": "release(keep=False): the implementation cannot drop a request's cached blocks on release",
+}
+"""Variants of an implemented op that an adapter may decline (``Capabilities.declines``)."""
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -27,6 +32,14 @@ class Capabilities:
     live: a running server checked from the outside (completions in, events out): it
       implements the live protocol (``start``, ``complete``, ``check``, ...) instead of
       ``apply``/``observe``, and ``kvspec check`` hands it to the live runner.
+    declines: variants of implemented ops it never gets (names of DECLINABLE); every
+      check, refinement included, still holds it on the ops it gets.
+    checks_input: the implementation's own validation is under test, so bad input
+      reaches ``apply``. False: the kit answers bad input from ``spec.validate`` and
+      the adapter never sees it.
+
+    An adapter may build its capabilities per instance (in ``__init__``), from what
+    it finds installed: the suite reads them from the instance it builds.
     """
 
     semantics: Semantics
@@ -36,6 +49,19 @@ class Capabilities:
     version: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
     live: bool = False
+    declines: frozenset[str] = frozenset()
+    checks_input: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = self.declines - set(DECLINABLE)
+        if unknown:
+            raise ValueError(f"cannot decline {sorted(unknown)}; declinable: {sorted(DECLINABLE)}")
+
+    def allows(self, op: Op) -> bool:
+        """Whether the suite may give the adapter ``op``: an op it implements, in no variant it declines."""
+        if op.op == "release" and not op.keep and "release_drop" in self.declines:
+            return False
+        return op.op in self.ops or op.op not in OP_KINDS  # an undefined op is bad input every adapter gets
 
 
 @runtime_checkable

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kvspec.adapters.base import Capabilities
 from kvspec.reference.paged import NoFreeBlocks, PagedPrefixCache
+from kvspec.reference.paged_newest import NewestOwnsIndex
 from kvspec.reference.policies import POLICIES, EvictionPolicy, FamilyProtectPolicy, ScorePolicy
 from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
 
@@ -168,3 +169,13 @@ class ReferenceFamilyProtectAdapter(ReferencePagedAdapter):
         semantics=Semantics(eviction="family_protect", protect_min_hits=1, admission_anchor_blocks=ANCHOR_BLOCKS),
         version="0.1.0",
     )
+
+
+class ReferenceNewestAdapter(ReferencePagedAdapter):
+    """The paged pool where a duplicate hash moves the index entry to the newest block (duplicate_keys=newest)."""
+
+    name = "reference-newest"
+    capabilities = Capabilities(semantics=Semantics(duplicate_keys="newest"), version="0.1.0")
+
+    def __init__(self, pool_factory: PoolFactory | None = None) -> None:
+        super().__init__(pool_factory or (lambda c: NewestOwnsIndex(c.capacity, c.block_size, hit_cap=True)))

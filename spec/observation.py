@@ -50,8 +50,13 @@ class RequestView:
 class Observation:
     """The whole ledger at one instant.
 
-    ``index`` is the cache index (key -> objects found under it), None when the
-    implementation does not expose one.
+    ``free`` is the capacity that no object holds: at block granularity the blocks
+    that no request references *and* that carry no cache key. A cached block with
+    ref_count 0 is an object (in ``objects``, with its key), not free, even where
+    the implementation keeps it in its free list: ``free + sum(object sizes) ==
+    capacity`` (capacity_conservation says when a projection counts those blocks
+    twice). ``index`` is the cache index (key -> objects found under it), None when
+    the implementation does not expose one.
     """
 
     capacity: int

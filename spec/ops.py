@@ -14,7 +14,7 @@ Granularity = Literal["block", "record", "entry"]
 OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
 Status = Literal["ok", "refused", "invalid"]
 EvictionOrder = Literal["lru", "lifecycle", "score", "shared_aware", "family_protect"]
-DuplicateKeys = Literal["unkeyed", "indexed"]
+DuplicateKeys = Literal["unkeyed", "indexed", "newest"]
 FreeUncached = Literal["tail", "head"]
 
 OP_KINDS: tuple[OpKind, ...] = ("admit", "append", "release", "preempt", "resume", "reset_cache")
@@ -111,7 +111,11 @@ class Semantics:
       another block: ``unkeyed`` stays uncached (one block per key); ``indexed`` is
       cached too, and the index lists every block under that key in insertion
       order, hits taking the first (vLLM: no de-duplication, block tables are
-      append-only).
+      append-only); ``newest``: the new block takes the index entry and the block
+      that held it keeps its key, cached but unreachable (no lookup finds it) until
+      it is evicted; when the entry's owner leaves the cache the key leaves the
+      index, and no unreachable duplicate takes its place (nano-vllm: one
+      ``hash_to_block_id`` entry per hash, overwritten).
     free_uncached: where a released block that holds no cached key joins the free
       queue: ``tail`` like every other block, or ``head``, so that it is reused
       before any cached block is evicted (vLLM >= 0.24). Block granularity only.

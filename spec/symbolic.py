@@ -29,7 +29,7 @@ pool; those are bad input the Python spec rejects before any state is read).
 
 ``Encoding`` is the spec's own allocator. Its decision points are small
 methods (``blocks_for``, ``accepts``, ``shared_prefix``, ``queue_after_admission``,
-``refused_admission``, ``unindex_popped``, ``ref_counts_at_free``,
+``refused_admission``, ``unindex_popped``, ``hit_keys``, ``ref_counts_at_free``,
 ``drops_reference``, ``joins_free_queue``): a subclass that overrides one is a
 variant of the allocator (a model of an implementation's change), and bounded
 model checking shows which invariant it breaks.
@@ -522,6 +522,16 @@ class Encoding:
         kbits = [_if(p, self.bits(0), v) for p, v in zip(popped, s.kbits, strict=True)]
         return klen, kbits
 
+    def hit_keys(
+        self, s: SymState, hits: Sequence[Term], queued: Sequence[Term], keys: tuple[list[Term], list[Term], list[Term]]
+    ) -> tuple[list[Term], list[Term], list[Term]]:
+        """Decision point: the keys (klen, kbits, hashed) after an admission, ``keys``; the blocks it hit keep theirs.
+
+        ``hits``: the slots it hit; ``queued``: the slots queued before it (a hit on a
+        cached-free block takes it back from the queue, key and all).
+        """
+        return keys
+
     def ref_counts_at_free(self, s: SymState, nb: Term, row: Sequence[Term]) -> list[Term]:
         """Decision point: the ref counts a release or preemption starts from: the slots' own.
 
@@ -599,6 +609,8 @@ class Encoding:
         at = [[z3.And(popped[t], pos1[t] == self.num(i) - hb) for t in n_] for i in n_]
         wanted = [z3.And(self.num(i) >= hb, self.num(i) < full) for i in n_]
         klen, kbits, assigned = self._new_keys(klen1, kbits1, pref, at, wanted)
+        hashed = [z3.If(popped[t], assigned[t], s.hashed[t]) for t in n_]
+        klen, kbits, hashed = self.hit_keys(s, ishit, inq, (klen, kbits, hashed))
         nbn = hb + need
         sentinel = self.num(N)
         tab = []
@@ -613,7 +625,7 @@ class Encoding:
             ref=tuple(z3.If(popped[t], one, s.ref[t] + z3.If(ishit[t], one, zero)) for t in n_),
             klen=tuple(klen),
             kbits=tuple(kbits),
-            hashed=tuple(z3.If(popped[t], assigned[t], s.hashed[t]) for t in n_),
+            hashed=tuple(hashed),
             fill=tuple(
                 z3.If(
                     popped[t],

@@ -231,6 +231,28 @@ def no_active_eviction(enc: Encoding, tr: SymTransition) -> Term:
     return z3.And(*out)
 
 
+def hit_keeps_key(enc: Encoding, tr: SymTransition) -> Term:
+    """A prefix hit takes its cached block back with its key: each block an admission hit still carries the
+    key it was found under (dropping it breaks the chain the request's next blocks are keyed from)."""
+    before, after, op, b = tr.before, tr.after, tr.op, enc.bounds
+    admitted = z3.And(z3.Or(op.kind == enc.num(ADMIT), op.kind == enc.num(RESUME)), tr.step.status == enc.num(OK))
+    out = []
+    for r in range(b.requests):
+        for j in range(b.blocks):
+            for t in range(b.blocks):
+                hit = z3.And(
+                    admitted,
+                    op.req == enc.num(r),
+                    enc.num(j) < tr.step.hit_blocks,
+                    after.tab[r][j] == enc.num(t),
+                    before.hashed[t],
+                    before.klen[t] > enc.num(0),
+                )
+                kept = z3.And(after.hashed[t], after.klen[t] == before.klen[t], after.kbits[t] == before.kbits[t])
+                out.append(z3.Implies(hit, kept))
+    return z3.And(*out)
+
+
 def atomic_failure(enc: Encoding, tr: SymTransition) -> Term:
     """A refused or rejected operation changes nothing observable and evicts nothing."""
     before, after, b = tr.before, tr.after, enc.bounds
@@ -271,6 +293,7 @@ _FORMULAS: dict[str, TransitionFormula] = {
         non_negative_ref_counts,
         ref_count_matches_references,
         no_active_eviction,
+        hit_keeps_key,
         atomic_failure,
         share_without_duplication,
         tail_rounding,

@@ -7,6 +7,7 @@ adapter before it is reported; one that does not reproduce is reported as flaky.
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +77,7 @@ class Result:
     bad_kinds: tuple[str, ...] = ()  # the classes of bad input the adapter can be given
     time_budget_s: float | None = None
     budget_spent: bool = False  # the run stopped starting examples at its time budget
+    more_failures: list[tuple[Violation, list[Op], Config | None]] = field(default_factory=list)  # keep_going
 
     @property
     def exit_code(self) -> ExitCode:
@@ -114,6 +116,7 @@ class Result:
                     if self.time_budget_s is not None
                     else {}
                 ),
+                "seconds_to_first_failure": None if tally.first_failure_s is None else round(tally.first_failure_s, 3),
             },
             title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}",
             details=self._details(),
@@ -129,17 +132,21 @@ class Result:
         if self.given_cases:
             lines.append(f"the first {self.given_cases} examples were the bounded model's coverage cases")
         if tally.first_failure_at is not None:
-            lines.append(f"first failure after {tally.first_failure_at[0]} examples; the rest were shrinking")
+            lines.append(
+                f"first failure after {tally.first_failure_at[0]} examples ({tally.first_failure_s or 0:.1f} s); "
+                "the rest were shrinking"
+            )
         if tally.coverage:
             lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.coverage.items())))
-        if self.failure is not None:
-            lines += ["", f"VIOLATED {self.failure.invariant} (shrunk to {len(self.failure_ops)} ops):"]
-            if self.failure_config is not None:
-                lines.append(f"  pool: {json.dumps(self.failure_config.to_json())}")
-            for i, op in enumerate(self.failure_ops):
-                marker = "  <-- " + ", ".join(sorted(self.failure.failures)) if i == self.failure.step else ""
+        shown = [(self.failure, self.failure_ops, self.failure_config)] if self.failure is not None else []
+        for failure, ops, config in shown + self.more_failures:
+            lines += ["", f"VIOLATED {failure.invariant} (shrunk to {len(ops)} ops):"]
+            if config is not None:
+                lines.append(f"  pool: {json.dumps(config.to_json())}")
+            for i, op in enumerate(ops):
+                marker = "  <-- " + ", ".join(sorted(failure.failures)) if i == failure.step else ""
                 lines.append(f"  {i:>3}. {op}{marker}")
-            for name, problems in self.failure.failures.items():
+            for name, problems in failure.failures.items():
                 lines += [f"  {name}: {p}" for p in problems[:3]]
         for finding in self.findings:
             lines.append(f"finding ({finding['kind']}): {finding.get('message') or finding.get('problems')}")
@@ -150,8 +157,13 @@ class Result:
 
 def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
     """Invariants that can be judged for this adapter (refinement needs declared exact semantics)."""
-    exact = adapter.capabilities.semantics.exact and refine
-    return frozenset(inv.name for inv in INVARIANTS if inv.kind != "refinement" or exact) | {ADAPTER_CONTRACT}
+    semantics = adapter.capabilities.semantics
+    exact = semantics.exact and refine
+    return frozenset(
+        inv.name
+        for inv in INVARIANTS
+        if (inv.kind != "refinement" or exact) and semantics.granularity in inv.granularities
+    ) | {ADAPTER_CONTRACT}
 
 
 def replay_ops(
@@ -184,6 +196,7 @@ def run_check(
     example_db: Path | None = None,
     time_budget_s: float | None = None,
     ignore: frozenset[str] = frozenset(),
+    keep_going: bool = False,
 ) -> Result:
     """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
 
@@ -196,12 +209,17 @@ def run_check(
     first by the next run (None: none kept). ``time_budget_s``: no example starts after it.
     ``ignore``: invariants checked and counted but never raised (a gate's known violations),
     so the search goes on past them; their rows read unknown.
+    ``keep_going``: a violation does not end the run; every distinct invariant that a failure
+    broke first (in the given cases, then among the failures Hypothesis shrank, each on its own)
+    is reported once, with its own shrunk, replayed case; ``result.failure`` is the first found.
     """
     t0 = time.perf_counter()
     if example_db is not None and seed is None and profile.derandomize:
         seed = 0  # Hypothesis keeps no database for a derandomized run; a fixed seed is as repeatable
     tally = Tally(ignored=ignore, deadline=None if time_budget_s is None else time.monotonic() + time_budget_s)
     quality = PolicyQuality()
+    if seed is None and not profile.derandomize:
+        seed = random.SystemRandom().getrandbits(32)  # drawn here, so that the report names it and --seed replays it
     result = Result(name, "", profile.name, seed, now(), tally, time_budget_s=time_budget_s)
     make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
     try:
@@ -213,21 +231,32 @@ def run_check(
             caps = adapter.capabilities
             result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
             result.given_cases = len(extra_cases)
+            found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
             for case in extra_cases:
                 violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
-                if violation is not None:
+                if violation is not None and not keep_going:
                     _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
                     return result
+                if violation is not None:
+                    violation.config = case.config
+                    found.append(violation)
             machine = build_machine(adapter, tally, profile.ranges, refine=refine)
             if progress is not None:
                 machine = _with_progress(machine, tally, progress)
             machine = _with_quality(machine, quality)
             if seed is not None:
                 machine = hypothesis.seed(seed)(machine)
-            run_in_rounds(
-                machine, _settings(profile, max_examples, seed, _database(example_db, name)), seed, tally.deadline
-            )
+            try:
+                run_in_rounds(
+                    machine, _settings(profile, max_examples, seed, _database(example_db, name)), seed, tally.deadline
+                )
+            except (Violation, BaseExceptionGroup) as raised:
+                if not keep_going or isinstance(raised, Flaky):
+                    raise
+                found += _all_reported(raised)
             result.budget_spent = tally.deadline is not None and time.monotonic() >= tally.deadline
+            if found:
+                _record_failures(result, make, found, cases_dir, name, refine)
         except Flaky as exc:  # first: Hypothesis's FlakyFailure is an ExceptionGroup too
             result.status = "violated"
             result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
@@ -296,6 +325,43 @@ def _reported(raised: BaseException, first: str | None) -> Violation:
             raise rest if rest is not None else raised
         found = [v for v in violations.exceptions if isinstance(v, Violation)]
     return next((v for v in found if v.invariant == first), found[0])
+
+
+def _all_reported(raised: BaseException) -> list[Violation]:
+    """Every failure Hypothesis shrank (one per invariant broken first), in the order the group lists them."""
+    if isinstance(raised, Violation):
+        return [raised]
+    assert isinstance(raised, BaseExceptionGroup)
+    violations, rest = raised.split(Violation)
+    if violations is None:
+        raise rest if rest is not None else raised
+    return [v for v in violations.exceptions if isinstance(v, Violation)]
+
+
+def _record_failures(
+    result: Result,
+    factory: AdapterFactory,
+    found: Sequence[Violation],
+    cases_dir: Path,
+    name: str,
+    refine: bool,
+) -> None:
+    """keep_going: record each distinct invariant's first failure (shrunk, replayed, saved) once; the first found
+    is ``result.failure``, the others ``result.more_failures``; each row keeps its own shrunk example."""
+    rows: dict[str, dict[str, Any]] = {}
+    recorded: list[tuple[Violation, list[Op], Config | None]] = []
+    for violation in found:
+        if violation.invariant in {v.invariant for v, _, _ in recorded}:
+            continue
+        config = violation.config or Config()
+        _record_failure(result, factory, config, violation.ops, violation, cases_dir, name, refine)
+        assert result.failure is not None
+        recorded.append((result.failure, result.failure_ops, result.failure_config))
+        for inv, row in result.tally.first_violation.items():
+            rows.setdefault(inv, row)
+    result.tally.first_violation = rows
+    (result.failure, result.failure_ops, result.failure_config), *more = recorded
+    result.more_failures = more
 
 
 def _keep_what_was_found(result: Result, cases_dir: Path) -> None:
@@ -422,13 +488,14 @@ def _with_quality(machine: type, quality: PolicyQuality) -> type:
 
 
 def _quality_finding(adapter: Adapter, quality: PolicyQuality) -> dict[str, Any]:
-    """The policy-quality report: orphaned cached blocks (never hit again) and the capacity they held."""
+    """The policy-quality report: orphaned and lost-hit cached blocks (never hit again) and the capacity they held."""
     data = quality.to_json()
     eviction = adapter.capabilities.semantics.eviction
     message = (
         f"eviction {eviction}: {data['evictions']} evictions, {data['evictions_with_choice']} with a choice; "
         f"orphaned cached blocks held {data['orphan_capacity_share']:.2%} of capacity over "
-        f"{data['steps']} steps (at most {data['orphans_max']} at once)"
+        f"{data['steps']} steps (at most {data['orphans_max']} at once); cached blocks no lookup finds (lost hits) "
+        f"held {data['lost_capacity_share']:.2%} (at most {data['lost_max']} at once)"
     )
     return {"kind": "policy_quality", "eviction": eviction, "message": message, **data}
 

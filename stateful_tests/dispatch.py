@@ -55,6 +55,7 @@ class Options:
     time_budget_s: float | None = None  # no example starts after it
     ignore: frozenset[str] = frozenset()  # invariants counted but not judged (a gate's known violations)
     given_cases: tuple[Case, ...] = ()  # replayed before anything else (saved counterexamples)
+    keep_going: bool = False  # report each distinct violated invariant once, each with its own shrunk case
     live: LiveTarget = field(default_factory=LiveTarget)
 
 
@@ -94,6 +95,7 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
 
         # Then one short case per class of bad input the adapter can be given (bad_inputs.py).
         extra = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
+        extra = [case for case in extra if all(caps.allows(op) for op in case.ops)]
     extra = [*options.given_cases, *extra]
     return run_check(
         factory,
@@ -111,6 +113,7 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         example_db=options.example_db,
         time_budget_s=options.time_budget_s,
         ignore=options.ignore,
+        keep_going=options.keep_going,
     ).report()
 
 

@@ -8,6 +8,7 @@ semantics), apply to the adapter, observe, and check the transition.
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class Tally:
     steps: int = 0
     coverage: Counter[str] = field(default_factory=Counter)
     first_failure_at: tuple[int, int] | None = None  # (examples, steps) run when the first failure was seen
+    started: float = field(default_factory=time.perf_counter)
+    first_failure_s: float | None = None  # seconds from the start of the run to the first failure
     first_invariant: str | None = None  # what the first failure broke: the one reported, shrunk
     last_failure: tuple[Config, list[Op], Violation] | None = None
     hung: tuple[Config, list[Op]] | None = None
@@ -113,6 +116,7 @@ class Harness:
         self.memory = KeyMemory()
         self.tally.examples += 1
         self.model = LedgerModel(config, self.semantics) if self.semantics.exact and refine else None
+        self.kit_validates = not adapter.capabilities.checks_input
         self.obs = self._start()
 
     def _start(self) -> Observation:
@@ -139,7 +143,16 @@ class Harness:
         return self.adapter.timeout if isinstance(self.adapter, IsolatedAdapter) else None
 
     def _run(self, op: Op) -> tuple[object, object, object]:
-        """The adapter's answers to ``op``: its outcome, its events, its observation (unchecked: user code)."""
+        """The adapter's answers to ``op``: its outcome, its events, its observation (unchecked: user code).
+
+        For an adapter that leaves input checking to the kit (``checks_input=False``), bad input is
+        answered here from ``spec.validate``, and the adapter is not called.
+        """
+        if self.kit_validates:
+            try:
+                validate(op, self.obs, self.config, self.semantics)
+            except SpecError as exc:
+                return Outcome.invalid(str(exc)), [], self.obs
         if isinstance(self.adapter, IsolatedAdapter):
             return self.adapter.step(op)
         return self.adapter.apply(op), self.adapter.events(), self.adapter.observe()
@@ -200,6 +213,7 @@ class Harness:
         violation = violation_of(first_invariant(failures))(index, op, failures, self.config, self.ops)
         if self.tally.first_failure_at is None:
             self.tally.first_failure_at = (self.tally.examples, self.tally.steps)
+            self.tally.first_failure_s = time.perf_counter() - self.tally.started
             self.tally.first_invariant = violation.invariant
         where = op.to_json() if op is not None else None
         for name, problems in failures.items():

@@ -47,6 +47,7 @@ class KVLifecycle(RuleBasedStateMachine):
     """
 
     ops: ClassVar[frozenset[OpKind]]
+    declines: ClassVar[frozenset[str]]
     bad_kinds: ClassVar[tuple[str, ...]]
     harness: Harness
     max_tokens: int
@@ -127,7 +128,7 @@ class KVLifecycle(RuleBasedStateMachine):
     @rule(data=st.data(), keep=st.booleans())
     def release(self, data: st.DataObject, keep: bool) -> None:
         live = sorted(self.harness.obs.requests)
-        self._step(Op("release", live[pick(data, live, "req")], keep=keep))
+        self._step(Op("release", live[pick(data, live, "req")], keep=keep or "release_drop" in self.declines))
 
     @precondition(
         lambda self: "preempt" in self.ops and any(r.state == "running" for r in self.harness.obs.requests.values())
@@ -227,6 +228,7 @@ def build_machine(
 
     class Bound(KVLifecycle):
         ops = caps.ops
+        declines = caps.declines
         bad_kinds = bad_input_kinds(caps.ops, granularity)
 
         @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())

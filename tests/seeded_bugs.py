@@ -20,6 +20,7 @@ from kvspec.adapters.base import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.adapters.reference_paged import (
     ReferenceFamilyProtectAdapter,
+    ReferenceNewestAdapter,
     ReferencePagedAdapter,
     ReferenceSharedAwareAdapter,
     policy_for,
@@ -27,6 +28,7 @@ from kvspec.adapters.reference_paged import (
 from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
 from kvspec.reference.paged import Block, NoFreeBlocks, PagedPrefixCache
+from kvspec.reference.paged_newest import NewestOwnsIndex
 from kvspec.reference.policies import BlockStats, FamilyProtectPolicy, SharedAwarePolicy
 from kvspec.reference.scheduler import Entry, QueueItem, SchedulerSim
 from kvspec.spec import Op, Outcome
@@ -235,6 +237,54 @@ class EagerReclaim(PagedPrefixCache):
         super().free(req_id, keep_cached=False)
 
 
+class HitDropsKey(PagedPrefixCache):
+    """A prefix hit on a cached-free block takes it back as a fresh block: its hash is dropped (nano-vllm 8d63a98)."""
+
+    def allocate(self, req_id: str, tokens: Sequence[int]) -> int:
+        idle = [b for b in self.find_cached_prefix(tokens) if b.ref_cnt == 0]
+        hit = super().allocate(req_id, tokens)
+        for block in idle:
+            if block.block_hash is not None:
+                self._uncache(block)
+        return hit
+
+
+class DropsEntryOnFree(PagedPrefixCache):
+    """A block whose last reference goes leaves the cache index but keeps its hash: lost hits (nano-vllm-fork)."""
+
+    def free(self, req_id: str, *, keep_cached: bool = True) -> None:
+        blocks = list(self.req_blocks.get(req_id, []))
+        super().free(req_id, keep_cached=keep_cached)
+        for block in blocks:
+            if block.ref_cnt == 0 and block.block_hash is not None and self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+
+    def _cache_full_blocks(self, req_id: str, start: int) -> None:
+        blocks, hashes = self.req_blocks[req_id], self.block_hashes(self.req_tokens[req_id])
+        for i in range(start, len(hashes)):
+            if hashes[i] not in self.cached:
+                blocks[i].block_hash, blocks[i].parent_hash = hashes[i], hashes[i - 1] if i else None
+                self.cached[hashes[i]] = blocks[i]
+
+    def _uncache(self, block: Block) -> None:
+        assert block.block_hash is not None
+        owner = self.cached.get(block.block_hash)
+        self.cached[block.block_hash] = block
+        super()._uncache(block)
+        if owner is not None and owner is not block and owner.block_hash is not None:
+            self.cached[owner.block_hash] = owner
+
+
+class NewestKeepsFirst(NewestOwnsIndex):
+    """Declared newest-owns, but a duplicate leaves the index entry with the block that had it first."""
+
+    def _cache_full_blocks(self, req_id: str, start: int) -> None:
+        blocks, hashes = self.req_blocks[req_id], self.block_hashes(self.req_tokens[req_id])
+        for i in range(start, len(hashes)):
+            blocks[i].block_hash, blocks[i].parent_hash = hashes[i], hashes[i - 1] if i else None
+            self.cached.setdefault(hashes[i], blocks[i])
+
+
 class RaisesOnResume(ReferencePagedAdapter):
     """The adapter's engine crashes on a resumed request."""
 
@@ -267,9 +317,19 @@ PAGED_BUGS: tuple[SeededBug, ...] = (
     _paged_bug("leak-on-refusal", "atomic_failure", LeakOnRefusal, 4),  # measured 2
     _paged_bug("floor-rounding", "tail_rounding", FloorRounding, 3),  # measured 1
     _paged_bug("share-copies", "share_without_duplication", ShareCopies, 5),  # measured 3
+    _paged_bug("hit-drops-key", "hit_keeps_key", HitDropsKey, 5),  # measured 3
     _paged_bug("reuse-keeps-index", "cache_index_consistency", ReuseKeepsIndex, 6),  # measured 4
     _paged_bug("lost-on-reclaim", "capacity_conservation", LostOnReclaim, 4),  # measured 2
     _paged_bug("silent-double-release", "bad_input_rejected", SilentDoubleRelease, 3),  # measured 1
+    _paged_bug("drops-entry-on-free", "index_completeness", DropsEntryOnFree, 4),
+    SeededBug(
+        "newest-keeps-first",
+        "index_completeness",
+        lambda: ReferenceNewestAdapter(lambda c: NewestKeepsFirst(c.capacity, c.block_size, hit_cap=True)),
+        _doc(NewestKeepsFirst),
+        8,
+        ReferenceNewestAdapter,
+    ),
     _paged_bug("no-eviction-on-admit", "predicted_admission", NoEvictionOnAdmit, 5),  # measured 3
     _paged_bug("short-chain", "predicted_prefix_hits", ShortChain, 5),  # measured 3
     _paged_bug("most-recent-evicted", "predicted_eviction", MostRecentEvicted, 5),  # measured 3

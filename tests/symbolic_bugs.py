@@ -133,6 +133,24 @@ class SilentDoubleRelease(BuggyEncoding):
         return z3.Or(self.valid(s, op), op.kind == self.num(RELEASE))
 
 
+class HitDropsKey(BuggyEncoding):
+    name = "hit-drops-key"
+    invariant = "hit_keeps_key"
+    description = "a prefix hit on a cached-free block takes it back as a fresh block: its key is dropped"
+
+    def hit_keys(
+        self, s: SymState, hits: Sequence[Term], queued: Sequence[Term], keys: tuple[list[Term], list[Term], list[Term]]
+    ) -> tuple[list[Term], list[Term], list[Term]]:
+        klen, kbits, hashed = keys
+        n_ = range(self.bounds.blocks)
+        dropped = [z3.And(hits[t], queued[t]) for t in n_]
+        return (
+            [z3.If(dropped[t], self.num(0), klen[t]) for t in n_],
+            [z3.If(dropped[t], self.bits(0), kbits[t]) for t in n_],
+            [z3.And(z3.Not(dropped[t]), hashed[t]) for t in n_],
+        )
+
+
 VARIANTS: tuple[type[BuggyEncoding], ...] = (
     ForgetDecrement,
     DoubleDecrement,
@@ -140,6 +158,7 @@ VARIANTS: tuple[type[BuggyEncoding], ...] = (
     LeakOnRefusal,
     FloorRounding,
     ShareCopies,
+    HitDropsKey,
     ReuseKeepsIndex,
     LostOnReclaim,
     SilentDoubleRelease,

@@ -67,7 +67,7 @@ def test_every_invariant_is_proved_by_induction() -> None:
     assert aux.proved
     assert {p.invariant for p in proofs if p.proved} == {p.invariant for p in proofs}
     alone = {p.invariant for p in proofs if not p.strengthened}
-    assert alone == {"atomic_failure", "bad_input_rejected"}, "only these hold from every state whatever"
+    assert alone == {"atomic_failure", "bad_input_rejected", "hit_keeps_key"}, "only these hold from every state"
     assert all(p.k == 1 for p in proofs)
 
 

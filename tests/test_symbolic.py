@@ -172,6 +172,7 @@ TRIGGERS: dict[str, list[Op]] = {
     "leak-on-refusal": [Op("admit", "r1", (0, 0, 1, 1)), Op("admit", "r0", (0, 0, 0, 1, 0))],
     "floor-rounding": [Op("admit", "r0", (0, 0, 0))],
     "share-copies": [Op("admit", "r1", (0, 0)), Op("admit", "r0", (0, 0, 1))],
+    "hit-drops-key": [Op("admit", "r0", (0, 0, 1)), Op("release", "r0"), Op("admit", "r1", (0, 0, 1))],
     "reuse-keeps-index": [Op("admit", "r0", (1, 0)), Op("release", "r0"), Op("admit", "r1", (0, 0, 0, 0, 0))],
     "lost-on-reclaim": [Op("admit", "r0", (1, 0, 1, 1, 1, 0)), Op("release", "r0", keep=False)],
     "silent-double-release": [Op("release", "r0", keep=False)],

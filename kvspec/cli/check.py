@@ -33,6 +33,11 @@ def register(sub: Any) -> None:
     )
     check.add_argument("--no-scenarios", action="store_true", help="skip the bounded-model coverage cases")
     check.add_argument("--quiet", action="store_true", help="no progress lines")
+    check.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="after a violation keep exploring; report each distinct violated invariant once, with its own case",
+    )
     live = check.add_argument_group("live adapters (vllm-live)")
     live.add_argument("--url", default=None, help="check this running server instead of starting the tiny one")
     live.add_argument("--events", default=None, help="its KV event PUB endpoint (e.g. ipc:///path or tcp://host:port)")
@@ -62,6 +67,7 @@ def _options(args: argparse.Namespace) -> Options:
         refine=not args.safety_only,
         scenarios=not args.no_scenarios,
         quiet=args.quiet,
+        keep_going=args.keep_going,
         live=live,
     )
 

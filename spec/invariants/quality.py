@@ -31,6 +31,8 @@ class PolicyQuality:
     evictions: int = 0
     evictions_with_choice: int = 0  # evictions that had more than one candidate
     evictions_off_lru: int = 0  # evictions of another block than the LRU order's first candidate
+    lost_block_steps: int = 0  # cached blocks whose key no index entry finds (lost hits), summed over steps
+    lost_max: int = 0
 
     def add(self, t: Transition, memory: KeyMemory, evictions: int) -> None:
         """Count one block-granularity step, reading ``memory`` as it was before the step."""
@@ -42,6 +44,9 @@ class PolicyQuality:
         orphans = len(orphaned_blocks(t.after, t.config, t.semantics, memory))
         self.orphan_block_steps += orphans
         self.orphans_max = max(self.orphans_max, orphans)
+        lost = len(lost_hit_blocks(t.after))
+        self.lost_block_steps += lost
+        self.lost_max = max(self.lost_max, lost)
 
     def merge(self, other: PolicyQuality) -> None:
         """Add another run's counts to these."""
@@ -52,6 +57,8 @@ class PolicyQuality:
         self.evictions += other.evictions
         self.evictions_with_choice += other.evictions_with_choice
         self.evictions_off_lru += other.evictions_off_lru
+        self.lost_block_steps += other.lost_block_steps
+        self.lost_max = max(self.lost_max, other.lost_max)
 
     def to_json(self) -> dict[str, int | float]:
         return {
@@ -62,6 +69,9 @@ class PolicyQuality:
             "orphan_block_steps": self.orphan_block_steps,
             "orphans_max": self.orphans_max,
             "orphan_capacity_share": round(self.orphan_block_steps / self.block_steps, 6) if self.block_steps else 0.0,
+            "lost_block_steps": self.lost_block_steps,
+            "lost_max": self.lost_max,
+            "lost_capacity_share": round(self.lost_block_steps / self.block_steps, 6) if self.block_steps else 0.0,
         }
 
 
@@ -94,6 +104,13 @@ def orphaned_blocks(obs: Observation, config: Config, semantics: Semantics, memo
         for oid, parent in parents.items()
         if parent is not None and parent not in cached and obs.objects[oid].ref_count == 0
     ]
+
+
+def lost_hit_blocks(obs: Observation) -> list[Hashable]:
+    """Cached blocks whose key no index entry finds: capacity a lookup can never hit (none without an index)."""
+    if obs.index is None:
+        return []
+    return [oid for oid, o in obs.objects.items() if o.key is not None and o.key not in obs.index]
 
 
 def eviction_choices(t: Transition) -> list[int]:

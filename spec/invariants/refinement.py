@@ -63,12 +63,40 @@ def predicted_eviction(t: Transition) -> Problems:
     return problems
 
 
+def index_completeness(t: Transition) -> Problems:
+    """Every cached key a lookup should find is found: the blocks whose key is in no index entry (lost hits:
+    capacity no lookup can hit) are exactly those the spec's own index loses.
+
+    Judged by content: a block's key stands for the prefix KeyMemory learned for it. With
+    duplicate_keys="newest" the spec loses a key when its owner leaves the cache while an older duplicate
+    still holds it; under every other choice it loses none.
+    """
+    p, index = t.predicted, t.after.index
+    if p is None or index is None or t.semantics.granularity != "block":
+        return None
+    held = [(oid, o.key) for oid, o in t.after.objects.items() if o.key is not None and o.key not in index]
+    got: Counter[object] = Counter(t.memory.content_of(key, t.semantics) for _, key in held)
+    want: Counter[object] = Counter(p.lost)
+    if got == want or (None in got and sum(got.values()) == sum(want.values())):
+        return []
+    problems = []
+    lost_here = [(oid, key) for oid, key in held if t.memory.content_of(key, t.semantics) not in want]
+    if lost_here:
+        oids = [oid for oid, _ in lost_here]
+        problems.append(f"after {t.op}, block(s) {oids!r} hold a cached key that no index entry finds (lost hits)")
+    extra = want - got
+    if extra:
+        problems.append(f"after {t.op}, the index finds {sum(extra.values())} key(s) the spec's index has lost")
+    return problems
+
+
 def _short(contents: object) -> str:
     text = repr(contents)
     return text if len(text) < 160 else text[:157] + "..."
 
 
 REFINEMENT: tuple[Invariant, ...] = (
+    Invariant("index_completeness", "refinement", index_completeness, frozenset({"block"})),
     Invariant("predicted_admission", "refinement", predicted_admission),
     Invariant("predicted_eviction", "refinement", predicted_eviction),
     Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),

@@ -25,7 +25,14 @@ def capacity_conservation(t: Transition) -> Problems:
     if obs.free < 0:
         problems.append(f"free capacity is negative ({obs.free})")
     if obs.free + used != obs.capacity:
-        problems.append(f"free {obs.free} + held {used} != capacity {obs.capacity}")
+        idle = sum(o.size for o in obs.objects.values() if o.ref_count == 0 and o.key is not None)
+        hint = ""
+        if idle and obs.free + used - obs.capacity == idle:
+            hint = (
+                f": free counts the {idle} cached unreferenced block(s) that are objects too "
+                "(free is the capacity no object holds; spec.observation.Observation)"
+            )
+        problems.append(f"free {obs.free} + held {used} != capacity {obs.capacity}{hint}")
     return problems
 
 
@@ -200,6 +207,25 @@ def no_active_eviction(t: Transition) -> Problems:
     return problems
 
 
+def hit_keeps_key(t: Transition) -> Problems:
+    """A prefix hit takes its cached block back with its key: each block an admission hit still carries the
+    key it was found under (dropping it breaks the chain the request's next blocks are keyed from)."""
+    if t.op.op not in ("admit", "resume") or t.outcome.status != "ok" or t.semantics.granularity != "block":
+        return None
+    request = t.after.requests.get(t.op.req or "")
+    if request is None or t.outcome.hit_tokens is None:
+        return None
+    problems = []
+    for oid in request.objects[: t.outcome.hit_tokens // t.config.block_size]:
+        was, now = t.before.objects.get(oid), t.after.objects.get(oid)
+        if was is None or was.key is None:
+            continue
+        if now is None or now.key != was.key:
+            key = None if now is None else now.key
+            problems.append(f"{t.op} hit block {oid!r} cached as {was.key!r}, which now carries {key!r}")
+    return problems
+
+
 def atomic_failure(t: Transition) -> Problems:
     """A refused or rejected operation changes nothing observable and evicts nothing."""
     if t.outcome.status == "ok":
@@ -237,6 +263,7 @@ SAFETY: tuple[Invariant, ...] = (
     Invariant("bad_input_rejected", "safety", bad_input_rejected),
     Invariant("atomic_failure", "safety", atomic_failure),
     Invariant("no_active_eviction", "safety", no_active_eviction),
+    Invariant("hit_keeps_key", "safety", hit_keeps_key, frozenset({"block"})),
     Invariant("share_without_duplication", "safety", share_without_duplication),
     Invariant("tail_rounding", "safety", tail_rounding),
     Invariant("cache_index_consistency", "safety", cache_index_consistency),

@@ -45,6 +45,7 @@ class Invariant:
     name: str
     kind: Kind
     check: Callable[[Transition], Problems]
+    granularities: frozenset[str] = frozenset({"block", "record", "entry"})  # where it can be judged at all
 
     @property
     def doc(self) -> str:

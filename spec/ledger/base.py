@@ -107,6 +107,8 @@ class Step:
     # Block granularity: the slot each evicted / reclaimed key left (with duplicate keys, not always index[key]).
     evicted_slots: tuple[int, ...] = ()
     reclaimed_slots: tuple[int, ...] = ()
+    # Block granularity: the keys of the blocks that hold a key no lookup finds (duplicate_keys="newest").
+    lost: tuple[Prefix, ...] = ()
 
 
 Operation = Callable[[Op], Outcome]
@@ -161,6 +163,10 @@ class LedgerModel:
         """Every object that holds capacity, by its oid."""
         raise NotImplementedError
 
+    def lost(self) -> tuple[Prefix, ...]:
+        """The keys of the objects that hold a key the index does not find (none, unless a granularity has them)."""
+        return ()
+
     def _index(self) -> dict[Hashable, tuple[object, ...]]:
         """The cache index: each cached key and the objects found under it, first hit first."""
         raise NotImplementedError
@@ -188,10 +194,11 @@ class LedgerModel:
         try:
             validate(op, self.observe(), self.config, self.semantics)
         except SpecError as exc:
-            return Step(Outcome.invalid(str(exc)), (), (), self.free)
+            return Step(Outcome.invalid(str(exc)), (), (), self.free, lost=self.lost())
         operation = self._operations().get(op.op)
         if operation is None:
-            return Step(Outcome.invalid(f"{op.op} is not defined at {self.granularity} granularity"), (), (), self.free)
+            undefined = Outcome.invalid(f"{op.op} is not defined at {self.granularity} granularity")
+            return Step(undefined, (), (), self.free, lost=self.lost())
         self.clock += 1
         outcome = operation(op)
         return Step(
@@ -201,4 +208,5 @@ class LedgerModel:
             self.free,
             tuple(self._evicted_slots),
             tuple(self._reclaimed_slots),
+            self.lost(),
         )

@@ -41,6 +41,10 @@ class BlockLedger(LedgerModel, granularity="block"):
                 objects[sid] = ObjectView(sid, 1, slot.tokens, slot.ref_count, slot.key, slot.hits, slot.last_used)
         return objects
 
+    def lost(self) -> tuple[BlockKey, ...]:
+        """The keys of slots that hold a key the index does not find (duplicate_keys="newest" leaves them)."""
+        return tuple(s.key for s in self.slots if isinstance(s.key, BlockKey) and s.key not in self.index)
+
     def _index(self) -> dict[Hashable, tuple[object, ...]]:
         return {key: (sid, *self.duplicates.get(key, ())) for key, sid in self.index.items()}
 
@@ -138,9 +142,10 @@ class BlockLedger(LedgerModel, granularity="block"):
     def _cache_full_blocks(self, request: Request, start: int) -> None:
         """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys).
 
-        Keeps one index entry per key: a duplicate stays uncached, or (indexed)
-        queues behind the first. Blocks at or past the request's cache_limit
-        (the admission gate) stay uncached.
+        Keeps one index entry per key: a duplicate stays uncached, (indexed)
+        queues behind the first, or (newest) takes the entry, the block that held
+        it keeping its key unreachable. Blocks at or past the request's
+        cache_limit (the admission gate) stay uncached.
         """
         keys = self._block_keys(request)
         full = len(keys)
@@ -155,6 +160,9 @@ class BlockLedger(LedgerModel, granularity="block"):
                 self.slots[sid].key = key
             elif self.semantics.duplicate_keys == "indexed":
                 self.duplicates.setdefault(key, []).append(sid)
+                self.slots[sid].key = key
+            elif self.semantics.duplicate_keys == "newest":
+                self.index[key] = sid
                 self.slots[sid].key = key
 
     def _fill_tokens(self, request: Request) -> None:

@@ -1,0 +1,79 @@
+"""`kvspec check --keep-going`, the seed a run really used, and the time to its first failure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from clirun import kvspec
+from seeded_bugs import DropsEntryOnFree, ShortChain
+
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+
+
+class LostHitsAndShortChain(DropsEntryOnFree, ShortChain):
+    """Two bugs at once: freed blocks leave the index (index_completeness), hits are under-reported (prefix hits)."""
+
+
+def two_bugs() -> ReferencePagedAdapter:
+    return ReferencePagedAdapter(lambda c: LostHitsAndShortChain(c.capacity, c.block_size, hit_cap=True))
+
+
+def test_keep_going_reports_each_violated_invariant_once_with_its_own_replayable_case(tmp_path: Path) -> None:
+    stopped = run_check(two_bugs, name="two-bugs", profile=PROFILES["ci"], cases_dir=tmp_path / "first")
+    assert stopped.exit_code == 1 and len(stopped.cases) == 1
+
+    result = run_check(two_bugs, name="two-bugs", profile=PROFILES["ci"], cases_dir=tmp_path / "all", keep_going=True)
+    assert result.exit_code == 1
+    assert result.failure is not None
+    named = [result.failure.invariant, *(v.invariant for v, _, _ in result.more_failures)]
+    assert {"index_completeness", "predicted_prefix_hits"} <= set(named), named
+    assert len(named) == len(set(named)) == len(result.cases)
+    rows = {row["name"]: row for row in result.report().verdicts()}
+    for invariant, path in zip(named, result.cases, strict=True):
+        assert rows[invariant]["verdict"] == "violated"
+        case = Case.load(Path(path))
+        assert case.expected["invariant"] == invariant
+        again = replay_ops(two_bugs(), case.config, case.ops)
+        assert again is not None and again.invariant == invariant
+    text = "\n".join(result.report().details)
+    assert text.count("VIOLATED ") == len(named)
+
+
+def test_the_cli_takes_keep_going(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    run = kvspec(
+        "check",
+        "--adapter",
+        "test_keep_going:two_bugs",
+        "--keep-going",
+        "--quiet",
+        "--max-examples",
+        "60",
+        "--cases-dir",
+        str(tmp_path),
+        "--report",
+        str(out),
+    )
+    assert run.code == 1, run.err
+    report = json.loads(out.read_text())
+    assert len(report["cases"]) >= 2
+    assert len({row["name"] for row in report["invariants"] if row["verdict"] == "violated"}) >= 2
+
+
+def test_a_random_run_names_its_seed_and_the_seed_replays_it(tmp_path: Path) -> None:
+    profile = dataclasses.replace(PROFILES["thorough"], max_examples=5, step_count=5)
+    first = run_check(ReferencePagedAdapter, name="reference", profile=profile, cases_dir=tmp_path)
+    assert isinstance(first.seed, int) and first.report().to_json()["seed"] == first.seed
+    again = run_check(ReferencePagedAdapter, name="reference", profile=profile, cases_dir=tmp_path, seed=first.seed)
+    assert again.tally.coverage == first.tally.coverage
+
+
+def test_the_report_carries_the_time_to_the_first_failure(tmp_path: Path) -> None:
+    result = run_check(two_bugs, name="two-bugs", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40)
+    seconds = result.report().to_json()["seconds_to_first_failure"]
+    assert isinstance(seconds, float) and 0 < seconds <= result.duration_s
+    clean = run_check(ReferencePagedAdapter, name="reference", profile=PROFILES["ci"], max_examples=5)
+    assert clean.report().to_json()["seconds_to_first_failure"] is None

@@ -1,0 +1,91 @@
+"""The nano-vllm adapter against the real package from PyPI (``nano-vllm-fork``, installed with --no-deps).
+
+``.ci/run`` installs it (``kvspec[nanovllm]`` and ``pip install --no-deps nano-vllm-fork``); without it these
+tests skip. The package's ``nanovllm/__init__`` imports torch: the adapter must never run it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("xxhash", reason="nano-vllm extra not installed: pip install 'kvspec[nanovllm]'")
+if __import__("importlib.util").util.find_spec("nanovllm") is None:
+    pytest.skip("nano-vllm not installed: pip install --no-deps nano-vllm-fork", allow_module_level=True)
+
+from kvspec.adapters.nano_vllm import NanoVllmAdapter
+from kvspec.spec import Config, Op
+from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+
+CASES = Path(__file__).parent / "data" / "nanovllm"
+
+
+def test_the_engine_modules_load_without_the_package_init_or_torch() -> None:
+    adapter = NanoVllmAdapter()
+    assert "torch" not in sys.modules
+    assert adapter.gen == 1  # the PyPI fork is of the first API generation (can_allocate -> bool)
+    assert "API generation 1" in adapter.capabilities.version
+    assert adapter.capabilities.semantics.duplicate_keys == "newest"
+    assert not adapter.capabilities.semantics.hit_cap  # generation 1 hits a whole-prompt match
+
+
+def test_a_prefix_hit_on_a_running_request_shares_its_blocks() -> None:
+    adapter = NanoVllmAdapter()
+    adapter.reset(Config(capacity=8, block_size=2))
+    assert adapter.apply(Op("admit", "a", (1, 2, 3, 4, 5))).status == "ok"
+    hit = adapter.apply(Op("admit", "b", (1, 2, 3, 4, 6)))
+    assert hit.status == "ok" and hit.hit_tokens == 4
+    obs = adapter.observe()
+    assert obs.requests["a"].objects[:2] == obs.requests["b"].objects[:2]
+    assert obs.objects[obs.requests["a"].objects[0]].ref_count == 2
+    assert obs.free + len(obs.objects) == obs.capacity
+
+
+def test_an_append_that_does_not_fit_changes_nothing() -> None:
+    """The atomic append helper: the whole append is checked before the first decode step."""
+    adapter = NanoVllmAdapter()
+    adapter.reset(Config(capacity=2, block_size=2))
+    assert adapter.apply(Op("admit", "a", (1, 2, 3))).status == "ok"
+    before = adapter.observe()
+    assert adapter.apply(Op("append", "a", (4, 5, 6))).status == "refused"
+    assert adapter.observe() == before
+    assert adapter.apply(Op("append", "a", (4,))).status == "ok"
+    assert adapter.observe().requests["a"].tokens == (1, 2, 3, 4)
+
+
+@pytest.mark.parametrize("name", ["spurious-refusal", "lost-hits"])
+def test_the_documented_nanovllm_findings_reproduce_on_the_pypi_package(name: str) -> None:
+    """docs/nanovllm-matrix.md: each finding's case (from `kvspec check --adapter nano-vllm`) still breaks
+    its invariant on the installed package, on its last op."""
+    case = Case.load(CASES / f"{name}.json")
+    found = replay_ops(NanoVllmAdapter(), case.config, case.ops)
+    assert found is not None, f"{name} no longer reproduces: update docs/nanovllm-matrix.md"
+    assert found.invariant == case.expected["invariant"]
+    assert found.step == len(case.ops) - 1
+
+
+@pytest.mark.parametrize("name", ["stale-entry-wrong-hit", "hit-drops-key"])
+def test_the_upstream_bugs_do_not_occur_on_the_pypi_package(name: str) -> None:
+    """docs/nanovllm-matrix.md: upstream's stale index entry served as a hit (up to 8d63a98) and its hit that drops
+    the block's key (f64d821) break hit_keeps_key there; the fork has neither (its lost hits are judged by the
+    refinement checks, left out here)."""
+    case = Case.load(CASES / f"{name}.json")
+    assert case.expected["invariant"] == "hit_keeps_key"
+    assert replay_ops(NanoVllmAdapter(), case.config, case.ops, refine=False) is None
+
+
+def test_the_check_runs_in_its_child_process_and_reports_a_documented_finding(tmp_path: Path) -> None:
+    """The random phase alone (no coverage cases) finds one of the two documented findings; nothing else breaks."""
+    result = run_check(NanoVllmAdapter, name="nano-vllm", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=30)
+    assert result.exit_code == 1, (result.status, result.error)
+    assert result.failure is not None
+    assert set(result.failure.failures) <= {
+        "index_completeness",
+        "predicted_admission",
+        "predicted_prefix_hits",
+        "predicted_free_capacity",
+        "no_spurious_refusal",
+    }, result.failure
+    assert "API generation 1" in result.adapter_version
