@@ -85,7 +85,7 @@ def _config(args: argparse.Namespace) -> Any:
         for attr, value in (
             ("baseline", args.baseline),
             ("cases_dir", args.cases_dir),
-            ("example_db", None if args.no_example_db else args.example_db),
+            ("example_db", args.example_db),
             ("report", args.report),
             ("junit", args.junit),
             ("summary", args.summary),
