@@ -62,9 +62,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             runs = replay(case, factory, refine=refine, step_timeout=timeout)
         except Exception as exc:  # built in its child: the adapter's own error, not the kit's
             return fail(f"adapter {args.adapter!r} could not start: {exc}")
-    title = (
-        f"{args.case.name}: {len(case.ops)} ops, a pool of {case.config.capacity} blocks of {case.config.block_size}"
-    )
+    pool = case.config
+    title = f"{args.case.name}: {len(case.ops)} ops, a pool of {pool.capacity} blocks of {pool.block_size} tokens"
     write_case(args.out, args.case.name, runs, draw(timelines(runs), case.ops, title=title))
     print(verdict(runs))
     print(f"drawn: {args.out}")

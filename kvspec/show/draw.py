@@ -127,12 +127,16 @@ def draw(grids: Sequence[Timeline], ops: Sequence[Op], *, title: str = "", prefi
     verdicts = [_verdict(g, panel, int((width - 0.2) * 15)) for panel, g in enumerate(grids)]
     # Per panel, in cells: its label and verdict lines, its rows and the free row, the op labels below.
     heights = [len(g.rows) + 1 + 2.3 + 0.3 * len(v) for g, v in zip(grids, verdicts, strict=True)]
-    height = sum(h * CELL_H for h in heights) + (0.5 if title else 0.1)
+    titled = textwrap.wrap(title, max(int((width - 0.2) * 11), 30))  # bold 9 pt: about 11 characters an inch
+    head = 0.3 + 0.2 * len(titled) if titled else 0.1  # inches above the first panel
+    height = sum(h * CELL_H for h in heights) + head
     figure = Figure(figsize=(width, height), dpi=dpi)
-    if title:
-        figure.text(0.01, 1 - 0.3 / height, title, fontsize=9, weight="bold", va="center", gid=f"{prefix}title")
+    if titled:
+        figure.text(
+            0.01, 1 - 0.15 / height, "\n".join(titled), fontsize=9, weight="bold", va="top", gid=f"{prefix}title"
+        )
     colors: dict[str, str] = {}
-    top = 1 - (0.5 if title else 0.1) / height
+    top = 1 - head / height
     panels: list[tuple[Axes, Timeline, int]] = []
     for panel, (grid, h, lines) in enumerate(zip(grids, heights, verdicts, strict=True)):
         rows = len(grid.rows) + 1
