@@ -124,7 +124,7 @@ def draw(grids: Sequence[Timeline], ops: Sequence[Op], *, title: str = "", prefi
 
     ncols = max(1, len(ops))
     width = LABEL_W + ncols * CELL_W + 0.3
-    verdicts = [_verdict(g, panel, int((width - 0.2) * 15)) for panel, g in enumerate(grids)]
+    verdicts = [_verdict(g, panel, int((width - 0.2) * 13)) for panel, g in enumerate(grids)]  # 7 pt: ~13 an inch
     # Per panel, in cells: its label and verdict lines, its rows and the free row, the op labels below.
     heights = [len(g.rows) + 1 + 2.3 + 0.3 * len(v) for g, v in zip(grids, verdicts, strict=True)]
     titled = textwrap.wrap(title, max(int((width - 0.2) * 11), 30))  # bold 9 pt: about 11 characters an inch
