@@ -66,11 +66,16 @@ def dumps(value: Any, indent: int | None = 2) -> str:
 
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, then a rename over it."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, then a rename over it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -93,4 +98,4 @@ def ensure_writable(path: Path) -> None:
     os.unlink(tmp)
 
 
-__all__ = ["dumps", "ensure_writable", "finite", "load", "loads", "write", "write_text"]
+__all__ = ["dumps", "ensure_writable", "finite", "load", "loads", "write", "write_bytes", "write_text"]

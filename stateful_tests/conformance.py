@@ -220,6 +220,7 @@ def run_check(
     quality = PolicyQuality()
     if seed is None and not profile.derandomize:
         seed = random.SystemRandom().getrandbits(32)  # drawn here, so that the report names it and --seed replays it
+    series: list[tuple[int, float, int]] = []  # (steps checked, orphaned capacity share, evictions) after each example
     result = Result(name, "", profile.name, seed, now(), tally, time_budget_s=time_budget_s)
     make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
     try:
@@ -243,7 +244,7 @@ def run_check(
             machine = build_machine(adapter, tally, profile.ranges, refine=refine)
             if progress is not None:
                 machine = _with_progress(machine, tally, progress)
-            machine = _with_quality(machine, quality)
+            machine = _with_quality(machine, quality, tally, series)
             if seed is not None:
                 machine = hypothesis.seed(seed)(machine)
             try:
@@ -276,7 +277,7 @@ def run_check(
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         if quality.steps and adapter is not None:
-            result.findings.append(_quality_finding(adapter, quality))
+            result.findings.append(_quality_finding(adapter, quality, series))
         if adapter is not None:
             try:
                 adapter.close()
@@ -473,23 +474,38 @@ def minimize_ops(
     return best, best_violation
 
 
-def _with_quality(machine: type, quality: PolicyQuality) -> type:
-    """Wrap the machine so that each example's policy-quality counts add up into ``quality``."""
+def _with_quality(machine: type, quality: PolicyQuality, tally: Tally, series: list[tuple[int, float, int]]) -> type:
+    """Wrap the machine so that each example's policy-quality counts add up into ``quality``, and ``series``
+    gets the running figures after each example (steps checked, orphaned capacity share, evictions)."""
 
     class WithQuality(machine):  # type: ignore[misc]
         def teardown(self) -> None:
             harness = getattr(self, "harness", None)
             if harness is not None:
                 quality.merge(harness.memory.quality)
+                share = quality.orphan_block_steps / quality.block_steps if quality.block_steps else 0.0
+                series.append((tally.steps, share, quality.evictions))
             super().teardown()
 
     WithQuality.__name__ = machine.__name__
     return WithQuality
 
 
-def _quality_finding(adapter: Adapter, quality: PolicyQuality) -> dict[str, Any]:
-    """The policy-quality report: orphaned and lost-hit cached blocks (never hit again) and the capacity they held."""
+QUALITY_POINTS = 200
+"""At most this many points of the policy-quality series go into a report (evenly spaced, the last one kept)."""
+
+
+def _quality_finding(
+    adapter: Adapter, quality: PolicyQuality, series: Sequence[tuple[int, float, int]] = ()
+) -> dict[str, Any]:
+    """The policy-quality report: orphaned and lost-hit cached blocks (never hit again) and the capacity they
+    held, and how those figures grew over the run (``series``: steps, orphaned capacity share, evictions, after
+    each example)."""
     data = quality.to_json()
+    stride = max(1, -(-len(series) // QUALITY_POINTS))
+    kept = list(series[::stride])
+    if series and kept[-1] != series[-1]:
+        kept.append(series[-1])
     eviction = adapter.capabilities.semantics.eviction
     message = (
         f"eviction {eviction}: {data['evictions']} evictions, {data['evictions_with_choice']} with a choice; "
@@ -497,7 +513,12 @@ def _quality_finding(adapter: Adapter, quality: PolicyQuality) -> dict[str, Any]
         f"{data['steps']} steps (at most {data['orphans_max']} at once); cached blocks no lookup finds (lost hits) "
         f"held {data['lost_capacity_share']:.2%} (at most {data['lost_max']} at once)"
     )
-    return {"kind": "policy_quality", "eviction": eviction, "message": message, **data}
+    points = {
+        "steps": [p[0] for p in kept],
+        "orphan_capacity_share": [round(p[1], 6) for p in kept],
+        "evictions": [p[2] for p in kept],
+    }
+    return {"kind": "policy_quality", "eviction": eviction, "message": message, **data, "series": points}
 
 
 def _with_progress(machine: type, tally: Tally, progress: Callable[[Tally], None]) -> type:

@@ -574,3 +574,13 @@ HANG = SeededBug("hangs-on-reset", "adapter_contract", HangsOnReset, _doc(HangsO
 """Not in SEEDED_BUGS: it needs a short step timeout, see tests/test_seeded_bugs.py."""
 
 SEEDED_BUGS: tuple[SeededBug, ...] = PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS + POLICY_BUGS
+
+
+def by_name(name: str) -> SeededBug:
+    """The seeded bug called ``name``."""
+    return next(bug for bug in (*SEEDED_BUGS, HANG) if bug.name == name)
+
+
+def forget_decrement() -> Adapter:
+    """The forget-decrement bug, loadable by path (``--adapter seeded_bugs:forget_decrement``) for CLI tests."""
+    return by_name("forget-decrement").factory()

@@ -19,6 +19,7 @@ ERROR_CASES: dict[str, list[str]] = {
     "gate": ["gate", "--config", "{tmp}/missing.toml"],
     "baseline add": ["baseline", "add", "{tmp}/missing.json", "--reason", "r", "--baseline", "{tmp}/b.json"],
     "replay": ["replay", "{tmp}/missing.json"],
+    "show": ["show", "{tmp}/missing.json", "--out", "{tmp}/case.svg"],
     "adapters": ["adapters", "--bogus"],
     "gpu-check": ["gpu-check", "--repeats", "0"],
     "bmc": ["bmc", "--blocks", "0"],

@@ -360,6 +360,26 @@ class _DiskFull(io.TextIOWrapper):
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
+class _DiskFullBytes(io.RawIOBase):
+    """A binary file that takes half of what is written to it, then fails as a full disk would."""
+
+    def __init__(self, handle: Any) -> None:
+        super().__init__()
+        self.handle = handle
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.handle.write(bytes(data)[: len(data) // 2])
+        self.handle.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
 def test_record_writes_the_trace_atomically(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -374,9 +394,9 @@ def test_record_writes_the_trace_atomically(
 
     def half_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         handle = real_open(file, mode, *args, **kwargs)
-        if "w" not in mode or "b" in mode:
+        if "w" not in mode:
             return handle
-        return _DiskFull(handle.detach(), encoding="utf-8")
+        return _DiskFullBytes(handle) if "b" in mode else _DiskFull(handle.detach(), encoding="utf-8")
 
     monkeypatch.setattr(io, "open", half_open)
     code = main(["trace", "record", "--out", str(out), "--steps", "9"])

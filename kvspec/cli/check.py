@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvspec.adapters import AdapterLoadError, available, load
+from kvspec.adapters import AdapterFactory, AdapterLoadError, available, load
 from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.case import Case
-from kvspec.report import ExitCode
+from kvspec.report import ExitCode, Report
 from kvspec.stateful_tests import PROFILES, AdapterHung, LiveTarget, Options, check_adapter, replay_ops
 from kvspec.stateful_tests.dispatch import not_started
 from kvspec.stateful_tests.live import MODES
@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     check.add_argument("--max-examples", type=int, default=None, help="number of random op sequences")
     check.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     check.add_argument("--junit", type=Path, default=None, help="write JUnit XML here")
+    check.add_argument(
+        "--html", type=Path, default=None, help="write the run as one self-contained HTML page here (kvspec[show])"
+    )
     check.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where counterexamples go")
     check.add_argument("--step-timeout", type=float, default=30.0, help="seconds before a step counts as hung")
     check.add_argument(
@@ -75,7 +78,12 @@ def _options(args: argparse.Namespace) -> Options:
 def _bad_options(args: argparse.Namespace) -> str | None:
     if args.max_examples is not None and args.max_examples < 1:
         return f"--max-examples must be at least 1, not {args.max_examples}"
-    return positive("--step-timeout", args.step_timeout) or unwritable(args.report, args.junit)
+    problem = positive("--step-timeout", args.step_timeout) or unwritable(args.report, args.junit, args.html)
+    if problem is None and args.html is not None:
+        from kvspec.show import matplotlib_missing
+
+        problem = matplotlib_missing()
+    return problem
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -87,18 +95,35 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         factory = load(args.adapter)
     except AdapterLoadError as exc:
-        not_started(args.adapter, options, "error", str(exc)).write(args.report, args.junit)
+        report = not_started(args.adapter, options, "error", str(exc))
+        report.write(args.report, args.junit)
+        write_html(args, report, None)
         return fail(str(exc))
     report = check_adapter(factory, args.adapter, options)
     report.write(args.report, args.junit)
+    write_html(args, report, factory)
     print(report.table())
     return report.exit_code
 
 
+def write_html(args: argparse.Namespace, report: Report, factory: AdapterFactory | None) -> None:
+    """The run as one HTML page (``--html``), each saved case replayed on the adapter and drawn; live runs' cases
+    are recorded logs, drawn without a replay."""
+    if args.html is None:
+        return
+    from kvspec.show import write_report_html
+
+    live = "live" in report.sections
+    refine = not getattr(args, "safety_only", False)
+    write_report_html(args.html, report, None if live else factory, refine=refine, step_timeout=args.step_timeout)
+
+
 def check_interrupted(args: argparse.Namespace) -> None:
     """Ctrl-C before the suite had a report of its own: an interrupted report, every verdict unknown."""
-    if args.report is not None or args.junit is not None:
-        not_started(args.adapter, _options(args), "interrupted", "interrupted").write(args.report, args.junit)
+    if args.report is not None or args.junit is not None or args.html is not None:
+        report = not_started(args.adapter, _options(args), "interrupted", "interrupted")
+        report.write(args.report, args.junit)
+        write_html(args, report, None)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
