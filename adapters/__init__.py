@@ -25,6 +25,7 @@ BUILTIN: dict[str, str] = {
     "vllm": "kvspec.adapters.vllm_inprocess:VllmAdapter",
     "vllm-blockpool": "kvspec.adapters.vllm_blockpool:VllmBlockPoolAdapter",
     "vllm-live": "kvspec.adapters.vllm_live.adapter:VllmLiveAdapter",
+    "sglang": "kvspec.adapters.sglang_inprocess:SglangAdapter",
 }
 
 ENTRY_POINT_GROUP = "kvspec.adapters"
