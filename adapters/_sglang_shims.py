@@ -139,6 +139,8 @@ class Sglang:
         """A ReqToTokenPool row for the request (SGLang's alloc_req_slots where it has one)."""
         if self.allocation is not None and hasattr(self.allocation, "alloc_req_slots"):
             (idx,) = self.allocation.alloc_req_slots(req_pool, [req], tree)
+        elif accepts(req_pool.alloc, "reqs"):
+            (idx,) = req_pool.alloc([req])
         else:
             (idx,) = req_pool.alloc(1)
         self.kv(req).req_pool_idx = idx
@@ -167,19 +169,36 @@ class Sglang:
         )
 
     def checkpoint(self, req: Any, tree: Any, up_to: int) -> None:
-        """Publish the request's computed tokens [0, up_to) to the tree and move its lock (chunked prefill's path)."""
+        """Publish the request's computed tokens [0, up_to) to the tree and move its lock (what the scheduler does
+        after a prefill): ``checkpoint_kv_cache`` (0.5.22+), ``maybe_cache_unfinished_req`` (0.5.20-0.5.21), else
+        the tree's ``cache_unfinished_req``."""
         req.extend_end = up_to
-        if self.common is not None and hasattr(self.common, "checkpoint_kv_cache"):
-            self.common.checkpoint_kv_cache(req, tree)
+        common = self.common
+        if common is not None and hasattr(common, "checkpoint_kv_cache"):
+            common.checkpoint_kv_cache(req, tree)
+        elif common is not None and hasattr(common, "maybe_cache_unfinished_req"):
+            common.maybe_cache_unfinished_req(req, tree)
         else:
             tree.cache_unfinished_req(req)
 
     def release(self, req: Any, tree: Any, *, insert: bool) -> None:
-        """Give back the request's row; with ``insert`` the tree keeps its tokens first (a finished request)."""
-        if self.common is not None and hasattr(self.common, "release_kv_cache"):
-            self.common.release_kv_cache(req, tree, checkpoint=insert)
-        else:
-            tree.cache_finished_req(req, is_insert=insert)
+        """Give back the request's row; with ``insert`` the tree keeps its tokens first (a finished request):
+        ``release_kv_cache`` (``checkpoint=`` from 0.5.22, ``is_insert=`` before), else ``cache_finished_req``."""
+        release = getattr(self.common, "release_kv_cache", None)
+        if release is not None:
+            flag = "checkpoint" if accepts(release, "checkpoint") else "is_insert"
+            release(req, tree, **{flag: insert})
+            return
+        kwargs: dict[str, Any] = {"is_insert": insert} if accepts(tree.cache_finished_req, "is_insert") else {}
+        if accepts(tree.cache_finished_req, "kv_len_to_handle"):
+            kwargs["kv_len_to_handle"] = self.kv(req).kv_committed_len
+        tree.cache_finished_req(req, **kwargs)
+        if hasattr(req_pool := tree.req_to_token_pool, "free"):
+            req_pool.free(req if accepts(req_pool.free, "req") else self.kv(req).req_pool_idx)
+
+    def seq_len(self, req: Any) -> int:
+        """Tokens the request holds: its prompt and its output so far."""
+        return len(req.origin_input_ids) + len(req.output_ids)
 
     def evictable(self, tree: Any) -> int:
         return int(tree.evictable_size())
@@ -204,10 +223,19 @@ def load() -> Sglang:
         pool=pool,
         allocator=allocator,
         common=Sglang._module("sglang.srt.mem_cache.common"),
-        allocation=Sglang._module("sglang.srt.mem_cache.allocation"),
+        allocation=_allocation_module(),
         Req=batch.Req,
         SamplingParams=sampling.SamplingParams,
     )
+
+
+def _allocation_module() -> Any | None:
+    """Where the scheduler's slot allocation lives: ``mem_cache/allocation.py`` (0.5.10+) or ``common.py``."""
+    for name in ("sglang.srt.mem_cache.allocation", "sglang.srt.mem_cache.common"):
+        module = Sglang._module(name)
+        if module is not None and hasattr(module, "alloc_paged_token_slots_extend"):
+            return module
+    return None
 
 
 def _publish_server_args() -> None:

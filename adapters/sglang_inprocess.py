@@ -139,7 +139,7 @@ class SglangAdapter:
         if op.op == "append":
             if req not in self.running:
                 return f"append to request {req!r} that is not running"
-            return self._bad_tokens(op.tokens, self.running[req].seqlen, "request")
+            return self._bad_tokens(op.tokens, self.sg.seq_len(self.running[req]), "request")
         if op.op == "preempt":
             if req not in self.running:
                 return f"preempt of request {req!r} that is not running"
@@ -176,7 +176,7 @@ class SglangAdapter:
         sg, tree, ps = self.sg, self.tree, self.page_size
         prefix_len, _ = sg.match(req, tree)
         sg.lock(req, tree)
-        seq_len = req.seqlen
+        seq_len = sg.seq_len(req)
         need = (blocks_for(seq_len, ps) - prefix_len // ps) * ps
         if not self._fits(need):
             sg.unlock(req, tree)
@@ -205,7 +205,7 @@ class SglangAdapter:
     def _append(self, rid: str, op: Op) -> Outcome:
         sg, ps = self.sg, self.page_size
         req = self.running[rid]
-        before = req.seqlen
+        before = sg.seq_len(req)
         after = before + len(op.tokens)
         need = (blocks_for(after, ps) - blocks_for(before, ps)) * ps
         if not self._fits(need):
@@ -311,7 +311,7 @@ class SglangAdapter:
         requests: dict[str, RequestView] = {}
         outside: dict[int, list[int]] = {}
         for rid, req in self.running.items():
-            row, n = view.rows[rid], req.seqlen
+            row, n = view.rows[rid], self.sg.seq_len(req)
             pages = tuple(row[i] // ps for i in range(0, len(row), ps))
             for i, page in enumerate(pages):
                 if page not in objects:
