@@ -47,22 +47,31 @@ class Sglang:
     SamplingParams: Any
 
     # -- construction ---------------------------------------------------------------------
-    def build(self, pages: int, page_size: int, rows: int, context: int) -> tuple[Any, Any, Any]:
-        """(token allocator, ReqToTokenPool, RadixCache) over ``pages`` pages of ``page_size`` KV slots, on CPU."""
+    def build(self, pages: int, page_size: int, rows: int, context: int, policy: str = "lru") -> tuple[Any, Any, Any]:
+        """(token allocator, ReqToTokenPool, RadixCache) over ``pages`` pages of ``page_size`` KV slots, on CPU,
+        evicting by SGLang's ``policy`` strategy (a release that has no strategies evicts lru only)."""
         torch = self.torch
         size = pages * page_size
         if page_size == 1:
             alloc = self.allocator.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False)
         else:
             alloc = self.allocator.PagedTokenToKVPoolAllocator(size, page_size, torch.float16, "cpu", None, False)
+        if page_size > 1 and not hasattr(alloc, "use_triton_kernels"):
+            _naive_extend_kernel(importlib.import_module(type(alloc).__module__))
         req_pool = self.pool.ReqToTokenPool(size=rows, max_context_len=context, device="cpu", enable_memory_saver=False)
         params_cls = getattr(self._module("sglang.srt.mem_cache.cache_init_params"), "CacheInitParams", None)
         if params_cls is not None:
-            tree = self.radix.RadixCache(
-                params_cls(
-                    disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=alloc, page_size=page_size
-                )
+            extra = {"eviction_policy": policy} if accepts(params_cls, "eviction_policy") else {}
+            params = params_cls(
+                disable=False,
+                req_to_token_pool=req_pool,
+                token_to_kv_pool_allocator=alloc,
+                page_size=page_size,
+                **extra,
             )
+            tree = self.radix.RadixCache(params)
+        elif accepts(self.radix.RadixCache, "eviction_policy"):
+            tree = self.radix.RadixCache(req_pool, alloc, page_size, eviction_policy=policy)
         else:
             tree = self.radix.RadixCache(req_pool, alloc, page_size)
         return alloc, req_pool, tree
@@ -88,7 +97,8 @@ class Sglang:
         """
         if hasattr(req, "init_next_round_input"):
             req.init_next_round_input(tree)
-            return int(req.prefix_len), req.last_node
+            matched = req.prefix_len if hasattr(req, "prefix_len") else len(req.prefix_indices)  # < 0.5.22
+            return int(matched), req.last_node
         tokens = list(req.origin_input_ids) + list(req.output_ids)
         key_cls = getattr(self.radix, "RadixKey", None)
         key = key_cls(tokens[:-1]) if key_cls is not None else tokens[:-1]
@@ -172,6 +182,8 @@ class Sglang:
         """Publish the request's computed tokens [0, up_to) to the tree and move its lock (what the scheduler does
         after a prefill): ``checkpoint_kv_cache`` (0.5.22+), ``maybe_cache_unfinished_req`` (0.5.20-0.5.21), else
         the tree's ``cache_unfinished_req``."""
+        if hasattr(req, "set_extend_range"):  # 0.5.21: the scheduler's record of the tokens this prefill computed
+            req.set_extend_range(0, up_to)
         req.extend_end = up_to
         common = self.common
         if common is not None and hasattr(common, "checkpoint_kv_cache"):
@@ -227,6 +239,29 @@ def load() -> Sglang:
         Req=batch.Req,
         SamplingParams=sampling.SamplingParams,
     )
+
+
+class _NaiveExtend:
+    """``alloc_extend_kernel[grid](...)`` run as SGLang's own ``alloc_extend_naive`` (its torch twin of the kernel)."""
+
+    def __init__(self, naive: Any) -> None:
+        self.naive = naive
+
+    def __getitem__(self, grid: Any) -> Any:
+        def run(prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any, out: Any, _bs: int, ps: int) -> None:
+            self.naive(prefix_lens, seq_lens, last_loc, free_pages, out, ps, out.device)
+
+        return run
+
+
+def _naive_extend_kernel(paged: Any) -> None:
+    """Before 0.5.22 the paged allocator's ``alloc_extend`` launches a Triton kernel, which has no CPU driver; the
+    same module ships ``alloc_extend_naive``, the kernel's torch version. Point the allocator's kernel at it."""
+    naive = getattr(paged, "alloc_extend_naive", None)
+    if naive is None or not hasattr(paged, "alloc_extend_kernel"):
+        raise RuntimeError(f"{paged.__name__}: alloc_extend is a Triton kernel with no torch version in this release")
+    if not isinstance(paged.alloc_extend_kernel, _NaiveExtend):
+        paged.alloc_extend_kernel = _NaiveExtend(naive)
 
 
 def _allocation_module() -> Any | None:

@@ -39,13 +39,26 @@ from kvspec.adapters import _sglang_shims as shims
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
 from kvspec.spec.ops import OP_KINDS, blocks_for
-from kvspec.spec.radix import RADIX, RadixNode, RadixView
+from kvspec.spec.radix import RADIX, RadixNode, RadixOrder, RadixView
 
-SEMANTICS = Semantics(granularity="block", eviction="radix_lru", hit_cap=True, reset_requires_idle=True, exact=False)
-"""SGLang's choices as spec parameters: pages are blocks; unlocked leaves are evicted least recently accessed
-first (its default ``lru`` strategy); a hit leaves one prompt token to compute; a flush needs an idle scheduler.
-Not exact: eviction frees whole nodes and full pages are cached on prefill and release only, so the block
-ledger's predictions do not apply; every safety, radix and policy invariant does."""
+POLICIES: dict[str, RadixOrder] = {
+    "lru": "radix_lru",
+    "lfu": "radix_lfu",
+    "fifo": "radix_fifo",
+    "priority": "radix_priority",
+}
+"""SGLang's eviction strategies (``--radix-eviction-policy``) the spec can declare, and the radix order each is."""
+
+
+def declared_semantics(policy: str) -> Semantics:
+    """SGLang's choices as spec parameters: pages are blocks; unlocked leaves are evicted in the order of its
+    eviction strategy (lru by default); a hit leaves one prompt token to compute; a flush needs an idle
+    scheduler. Not exact: eviction frees whole nodes and full pages are cached on prefill and release only, so
+    the block ledger's predictions do not apply; every safety, radix and policy invariant does."""
+    return Semantics(
+        granularity="block", eviction=POLICIES[policy], hit_cap=True, reset_requires_idle=True, exact=False
+    )
+
 
 NOTES = (
     "block = one page of page_size KV slots; a cached page is keyed by its token path from the root",
@@ -63,9 +76,12 @@ class SglangAdapter:
 
     name = "sglang"
 
-    def __init__(self) -> None:
+    def __init__(self, policy: str = "lru") -> None:
         self.sg = shims.load()
-        self.capabilities = Capabilities(semantics=SEMANTICS, version=f"sglang {self.sg.version}", notes=NOTES)
+        self.policy = policy
+        self.capabilities = Capabilities(
+            semantics=declared_semantics(policy), version=f"sglang {self.sg.version}", notes=NOTES
+        )
         self.running: dict[str, Any] = {}  # request id -> Req holding a row
         self.waiting: dict[str, Any] = {}  # request id -> retracted Req, holding nothing
         self._events: list[Event] = []
@@ -82,7 +98,9 @@ class SglangAdapter:
         self.waiting.clear()
         self._events.clear()
         rows = config.capacity + 2
-        self.alloc, self.req_pool, self.tree = self.sg.build(config.capacity, self.page_size, rows, self.max_len + 1)
+        self.alloc, self.req_pool, self.tree = self.sg.build(
+            config.capacity, self.page_size, rows, self.max_len + 1, self.policy
+        )
         self._tap_evictions(self.tree)
 
     def close(self) -> None:
@@ -325,3 +343,18 @@ class SglangAdapter:
             requests[rid] = RequestView(rid, tuple(int(t) for t in tokens), len(req.origin_input_ids), (), "preempted")
         extra = {RADIX: view, "available_size": view.free_tokens}
         return Observation(self.config.capacity, view.free_tokens // ps, objects, requests, index, extra)
+
+
+def lfu() -> SglangAdapter:
+    """SGLang with ``--radix-eviction-policy lfu``: fewest hits, then least recently accessed, first."""
+    return SglangAdapter("lfu")
+
+
+def fifo() -> SglangAdapter:
+    """SGLang with ``--radix-eviction-policy fifo``: oldest node first."""
+    return SglangAdapter("fifo")
+
+
+def priority() -> SglangAdapter:
+    """SGLang with ``--radix-eviction-policy priority``: lowest request priority, then least recently accessed."""
+    return SglangAdapter("priority")

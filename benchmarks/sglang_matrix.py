@@ -179,7 +179,9 @@ def check(inst: Install, args: argparse.Namespace, workdir: Path) -> Row:
     report, cases = workdir / f"{inst.version}.json", workdir / f"cases-{inst.version}"
     cmd = [sys.executable, "-W", "ignore", "-m", "kvspec.cli", "check", "--adapter", "sglang"]
     cmd += ["--profile", args.profile, "--seed", str(args.seed), "--report", str(report), "--cases-dir", str(cases)]
-    cmd += ["--quiet", *(["--max-examples", str(args.max_examples)] if args.max_examples else [])]
+    # --step-timeout also lifts the constructor's limit (importing SGLang: ~20 s idle, >120 s on loaded cores).
+    cmd += ["--quiet", "--step-timeout", str(args.step_timeout)]
+    cmd += ["--max-examples", str(args.max_examples)] if args.max_examples else []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*([args.kvspec_path] if args.kvspec_path else []), *inst.paths])
     t0 = time.perf_counter()
@@ -258,6 +260,7 @@ def main() -> int:
     parser.add_argument("--max-examples", type=int, default=None, help="override the profile's examples per run")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (the thorough profile is random)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per check run")
+    parser.add_argument("--step-timeout", type=float, default=600.0, help="seconds per adapter call and start")
     parser.add_argument("--kvspec-path", default=None, help="prepend this folder to PYTHONPATH (a kvspec build)")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "sglang-matrix.json")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/ alone")
@@ -271,7 +274,24 @@ def main() -> int:
     current_version = current[current.index("KVSPEC_PROBE") + 2] if "KVSPEC_PROBE" in current else ""
     rows: list[Row] = []
     installs: dict[str, Install] = {}
-    started = datetime.now(UTC).isoformat(timespec="seconds")
+    meta: dict[str, Any] = {
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "profile": args.profile,
+        "max_examples": args.max_examples,
+        "versions": args.versions,
+        "seed": args.seed,
+        "python": sys.version.split()[0],
+        "runtime": current_version,
+    }
+
+    def save() -> None:
+        """Write what has run so far (a long matrix that is stopped keeps its finished rows)."""
+        meta["installs"] = {v: asdict(i) for v, i in installs.items()}
+        meta["rows"] = [asdict(r) for r in rows]
+        if not args.no_write:
+            write_doc(f"{header(meta)}\n\n{table(rows)}")
+            args.json.write_text(json.dumps(meta, indent=1) + "\n")
+
     with tempfile.TemporaryDirectory(prefix="kvspec-sglang-matrix-") as tmp:
         for version in versions:
             inst = install(version, args.kvspec_path, current_version)
@@ -279,28 +299,12 @@ def main() -> int:
             if inst.skipped:
                 rows.append(Row(version, "skipped", note=inst.skipped))
                 print(f"{version}: skipped: {inst.skipped}", flush=True)
-                continue
-            row = check(inst, args, Path(tmp))
-            rows.append(row)
-            print(
-                f"{version}: {row.verdict} {row.steps} steps {row.seconds:.0f} s {row.violated} {row.note}", flush=True
-            )
-    text = table(rows)
-    meta = {
-        "started_at": started,
-        "profile": args.profile,
-        "max_examples": args.max_examples,
-        "versions": args.versions,
-        "seed": args.seed,
-        "python": sys.version.split()[0],
-        "runtime": current_version,
-        "installs": {v: asdict(i) for v, i in installs.items()},
-        "rows": [asdict(r) for r in rows],
-    }
-    print(text)
-    if not args.no_write:
-        write_doc(f"{header(meta)}\n\n{text}")
-        args.json.write_text(json.dumps(meta, indent=1) + "\n")
+            else:
+                row = check(inst, args, Path(tmp))
+                rows.append(row)
+                print(f"{version}: {row.verdict} {row.steps} steps {row.seconds:.0f} s {row.violated} {row.note}")
+            save()
+    print(table(rows))
     return 0 if all(r.verdict in ("passed", "skipped") for r in rows) else 1
 
 
