@@ -22,6 +22,9 @@ from kvspec.spec.invariants import RADIX_INVARIANTS
 from kvspec.spec.radix import radix_view
 from kvspec.stateful_tests import PROFILES, run_check
 
+STARTUP = 300.0
+"""Step timeout, which also bounds each adapter start: importing SGLang takes ~20 s idle, over 120 s on loaded cores."""
+
 
 @pytest.fixture(scope="module")
 def adapter() -> SglangAdapter:
@@ -37,7 +40,9 @@ def run(adapter: SglangAdapter, config: Config, *ops: Op) -> list[Any]:
 
 
 def test_conformance_passes(tmp_path: Path) -> None:
-    result = run_check(SglangAdapter, name="sglang", profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path)
+    result = run_check(
+        SglangAdapter, name="sglang", profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path, step_timeout=STARTUP
+    )
     assert result.status == "passed", [result.failure, result.findings, result.error]
     assert result.adapter_version.startswith("sglang ")
     verdicts = {r["name"]: r["verdict"] for r in result.report().verdicts()}
@@ -112,7 +117,7 @@ def test_bad_input_is_rejected_before_the_tree(adapter: SglangAdapter) -> None:
 def test_seeded_sglang_bug_is_reported(bug: SglangBug, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     target = bug.target()
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
-    result = run_check(SglangAdapter, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path)
+    result = run_check(SglangAdapter, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, step_timeout=STARTUP)
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None
     assert result.failure.invariant == bug.invariant, result.failure
