@@ -16,14 +16,17 @@ function hands a real SGLang object to SGLang's own code.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import logging
+import sys
 from array import array
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 GROUP_QUIET = ("sglang", "sglang.srt")
+INSTALL_HINT = "pip install --no-deps -r requirements/sglang.txt into a venv of its own (docs/sglang.md)"
 
 
 def _quiet() -> None:
@@ -217,7 +220,9 @@ class Sglang:
 
 
 def load() -> Sglang:
-    """The installed SGLang's cache layer (raises ImportError without SGLang)."""
+    """The installed SGLang's cache layer (raises ImportError, saying so, without SGLang)."""
+    if importlib.util.find_spec("sglang") is None:
+        raise ImportError(f"SGLang extra not installed in {sys.executable}: {INSTALL_HINT}")
     _quiet()
     import torch
 
