@@ -15,6 +15,7 @@ function hands a real SGLang object to SGLang's own code.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -48,6 +49,7 @@ class Sglang:
     allocation: Any | None
     Req: Any
     SamplingParams: Any
+    batch: Any = None
 
     # -- construction ---------------------------------------------------------------------
     def build(self, pages: int, page_size: int, rows: int, context: int, policy: str = "lru") -> tuple[Any, Any, Any]:
@@ -142,7 +144,21 @@ class Sglang:
 
     def kv(self, req: Any) -> Any:
         """The request's KV bookkeeping: ``req.kv`` (0.5.20+) or the request itself."""
-        return getattr(req, "kv", req)
+        kv = getattr(req, "kv", None)
+        return kv if hasattr(kv, "req_pool_idx") else req
+
+    def mark_allocated(self, req: Any, seq_len: int) -> None:
+        """Record, as the scheduler's extend allocation does, that the row holds ``seq_len`` computed tokens
+        (0.5.1x also keeps a ``ReqKvInfo`` on ``req.kv`` while the request holds KV)."""
+        kv = self.kv(req)
+        kv.kv_allocated_len = kv.kv_committed_len = seq_len
+        info_cls = getattr(self.batch, "ReqKvInfo", None)
+        if kv is req and info_cls is not None and hasattr(req, "kv"):
+            if req.kv is None:
+                fields = {"kv_allocated_len": seq_len, "swa_evicted_seqlen": 0}
+                req.kv = info_cls(**{k: v for k, v in fields.items() if accepts(info_cls, k)})
+            else:
+                req.kv.kv_allocated_len = seq_len
 
     def row_index(self, req: Any) -> int | None:
         idx = self.kv(req).req_pool_idx
@@ -242,6 +258,7 @@ def load() -> Sglang:
         common=Sglang._module("sglang.srt.mem_cache.common"),
         allocation=_allocation_module(),
         Req=batch.Req,
+        batch=batch,
         SamplingParams=sampling.SamplingParams,
     )
 
@@ -282,7 +299,16 @@ def _publish_server_args() -> None:
     """Publish default ServerArgs, as the scheduler's process does before its first request: from 0.5.22 the
     request path reads them (``get_serving()``, ``get_spec()``), before through a global of server_args."""
     server_args = importlib.import_module("sglang.srt.server_args")
-    args = server_args.ServerArgs(model_path="kvspec-no-model", device="cpu")
+    try:
+        args = server_args.ServerArgs(model_path="kvspec-no-model", device="cpu")
+    except Exception:  # 0.5.14-0.5.17 validate by loading the model's config: take the declared defaults as they are
+        args = object.__new__(server_args.ServerArgs)
+        for f in dataclasses.fields(server_args.ServerArgs):
+            if f.default is not dataclasses.MISSING:
+                setattr(args, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                setattr(args, f.name, f.default_factory())
+        args.model_path, args.device = "kvspec-no-model", "cpu"
     context = Sglang._module("sglang.srt.runtime_context")
     if context is not None and hasattr(context, "get_context"):
         context.get_context().set_server_args(args)

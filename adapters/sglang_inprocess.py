@@ -205,8 +205,7 @@ class SglangAdapter:
         row[:prefix_len] = prefix[:prefix_len]
         out = sg.alloc_tokens(tree, row, prefix_len, seq_len)
         row[prefix_len:seq_len] = out
-        kv = sg.kv(req)
-        kv.kv_allocated_len = kv.kv_committed_len = seq_len
+        sg.mark_allocated(req, seq_len)
         sg.checkpoint(req, tree, seq_len)
         self.running[req.rid] = req
         return Outcome.ok(prefix_len)
@@ -231,8 +230,7 @@ class SglangAdapter:
         req.output_ids.extend(op.tokens)
         row = self.req_pool.req_to_token[sg.row_index(req)]
         row[before:after] = sg.alloc_tokens(self.tree, row, before, after)
-        kv = sg.kv(req)
-        kv.kv_allocated_len = kv.kv_committed_len = after
+        sg.mark_allocated(req, after)
         return Outcome.ok()
 
     def _release(self, rid: str, op: Op) -> Outcome:

@@ -264,6 +264,7 @@ def main() -> int:
     parser.add_argument("--kvspec-path", default=None, help="prepend this folder to PYTHONPATH (a kvspec build)")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "sglang-matrix.json")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/ alone")
+    parser.add_argument("--merge", action="store_true", help="keep the JSON's rows of releases not run now")
     args = parser.parse_args()
 
     versions = [v.strip() for v in args.versions.split(",") if v.strip()] or releases()
@@ -284,12 +285,19 @@ def main() -> int:
         "runtime": current_version,
     }
 
+    earlier: list[Row] = []
+    if args.merge and args.json.exists():  # rows of an earlier run stay, but for the releases run again now
+        old = json.loads(args.json.read_text())
+        earlier = [Row(**r) for r in old["rows"] if r["release"] not in versions]
+        meta["versions"] = ",".join([*(r.release for r in earlier), *versions])
+
     def save() -> None:
         """Write what has run so far (a long matrix that is stopped keeps its finished rows)."""
+        everything = sorted([*earlier, *rows], key=lambda r: Version(r.release), reverse=True)
         meta["installs"] = {v: asdict(i) for v, i in installs.items()}
-        meta["rows"] = [asdict(r) for r in rows]
+        meta["rows"] = [asdict(r) for r in everything]
         if not args.no_write:
-            write_doc(f"{header(meta)}\n\n{table(rows)}")
+            write_doc(f"{header(meta)}\n\n{table(everything)}")
             args.json.write_text(json.dumps(meta, indent=1) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="kvspec-sglang-matrix-") as tmp:
