@@ -201,28 +201,35 @@ class Report:
         """The report as strict JSON (ValueError, and no file, for a NaN or an Infinity), written atomically."""
         jsonio.write(path, self.to_json())
 
-    def write_junit(self, path: Path) -> None:
-        """One testcase per invariant: a failure when violated, skipped when unknown."""
+    def junit_suite(self, skip: Mapping[str, str] | None = None) -> ET.Element:
+        """One testcase per invariant: a failure when violated, skipped when unknown or named in ``skip``
+        (invariant -> why: a gate's known violations)."""
+        skip = skip or {}
+        failed = [row.verdict == "violated" and row.name not in skip for row in self.rows]
         suite = ET.Element(
             "testsuite",
             name=f"kvspec[{self.adapter}]",
             tests=str(len(self.rows)),
-            failures=str(sum(row.verdict == "violated" for row in self.rows)),
-            skipped=str(sum(row.verdict == "unknown" for row in self.rows)),
+            failures=str(sum(failed)),
+            skipped=str(sum(row.verdict == "unknown" or row.name in skip for row in self.rows)),
             errors="1" if self.status == "error" else "0",
             time=f"{self.duration_s:.3f}",
         )
-        for row in self.rows:
+        for row, fails in zip(self.rows, failed, strict=True):
             case = ET.SubElement(suite, "testcase", classname=f"kvspec.{self.adapter}", name=row.name)
-            if row.verdict == "violated":
+            if fails:
                 failure = ET.SubElement(case, "failure", message=f"{row.name} violated")
                 failure.text = json.dumps(row.first_violation, indent=1)
-            elif row.verdict == "unknown":
-                message = row.reason or "not exercised or not observable for this adapter"
+            elif row.name in skip or row.verdict == "unknown":
+                message = skip.get(row.name) or row.reason or "not exercised or not observable for this adapter"
                 ET.SubElement(case, "skipped", message=message)
         if self.status == "error":
             ET.SubElement(suite, "error", message=self.error)
-        text = ET.tostring(suite, encoding="unicode", xml_declaration=True)
+        return suite
+
+    def write_junit(self, path: Path) -> None:
+        """The JUnit XML of :meth:`junit_suite`, written atomically."""
+        text = ET.tostring(self.junit_suite(), encoding="unicode", xml_declaration=True)
         jsonio.write_text(path, text + "\n")
 
     def write(self, json_path: Path | None = None, junit_path: Path | None = None) -> None:

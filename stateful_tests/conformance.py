@@ -7,6 +7,7 @@ adapter before it is reported; one that does not reproduce is reported as flaky.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.errors import Flaky
 
 from kvspec.adapters import AdapterFactory
@@ -72,6 +74,8 @@ class Result:
     applicable: frozenset[str] = frozenset()
     given_cases: int = 0
     bad_kinds: tuple[str, ...] = ()  # the classes of bad input the adapter can be given
+    time_budget_s: float | None = None
+    budget_spent: bool = False  # the run stopped starting examples at its time budget
 
     @property
     def exit_code(self) -> ExitCode:
@@ -85,6 +89,8 @@ class Result:
         untried = [k for k in self.bad_kinds if not tally.coverage.get(f"bad_input:{k}")]
         applicable = self.applicable - {BAD_INPUT_REJECTED} if untried else self.applicable
         reasons = {BAD_INPUT_REJECTED: f"bad input never tried: {', '.join(untried)}"} if untried else {}
+        applicable -= tally.ignored
+        reasons |= {name: "a known violation (baseline): checked, not judged" for name in tally.ignored}
         return Report(
             adapter=self.adapter,
             rows=rows(kinds, tally.checked, tally.first_violation, applicable=applicable, reasons=reasons),
@@ -103,6 +109,11 @@ class Result:
             sections={
                 "given_cases": self.given_cases,
                 "examples_to_first_failure": (tally.first_failure_at or (None, None))[0],
+                **(
+                    {"time_budget_s": self.time_budget_s, "budget_spent": self.budget_spent}
+                    if self.time_budget_s is not None
+                    else {}
+                ),
             },
             title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}",
             details=self._details(),
@@ -113,6 +124,8 @@ class Result:
         tally = self.tally
         rate = tally.steps / self.duration_s if self.duration_s else 0.0
         lines = ["", f"{tally.examples} examples, {tally.steps} steps in {self.duration_s:.1f} s ({rate:.0f} steps/s)"]
+        if self.budget_spent:
+            lines.append(f"stopped at the time budget of {self.time_budget_s:g} s")
         if self.given_cases:
             lines.append(f"the first {self.given_cases} examples were the bounded model's coverage cases")
         if tally.first_failure_at is not None:
@@ -168,6 +181,9 @@ def run_check(
     refine: bool = True,
     adapter: Adapter | None = None,
     isolate: bool = True,
+    example_db: Path | None = None,
+    time_budget_s: float | None = None,
+    ignore: frozenset[str] = frozenset(),
 ) -> Result:
     """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
 
@@ -176,11 +192,17 @@ def run_check(
     each call under ``step_timeout`` (adapters/isolation.py); False runs it in this process
     (a debugger sees it; a hang is not cut off). ``adapter``: a first instance already
     built (the dispatch builds one to read its capabilities); fresh ones come from ``factory``.
+    ``example_db``: a folder where Hypothesis keeps the failing examples it found, replayed
+    first by the next run (None: none kept). ``time_budget_s``: no example starts after it.
+    ``ignore``: invariants checked and counted but never raised (a gate's known violations),
+    so the search goes on past them; their rows read unknown.
     """
     t0 = time.perf_counter()
-    tally = Tally()
+    if example_db is not None and seed is None and profile.derandomize:
+        seed = 0  # Hypothesis keeps no database for a derandomized run; a fixed seed is as repeatable
+    tally = Tally(ignored=ignore, deadline=None if time_budget_s is None else time.monotonic() + time_budget_s)
     quality = PolicyQuality()
-    result = Result(name, "", profile.name, seed, now(), tally)
+    result = Result(name, "", profile.name, seed, now(), tally, time_budget_s=time_budget_s)
     make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
     try:
         try:
@@ -202,7 +224,10 @@ def run_check(
             machine = _with_quality(machine, quality)
             if seed is not None:
                 machine = hypothesis.seed(seed)(machine)
-            run_in_rounds(machine, _settings(profile, max_examples, seed), seed)
+            run_in_rounds(
+                machine, _settings(profile, max_examples, seed, _database(example_db, name)), seed, tally.deadline
+            )
+            result.budget_spent = tally.deadline is not None and time.monotonic() >= tally.deadline
         except Flaky as exc:  # first: Hypothesis's FlakyFailure is an ExceptionGroup too
             result.status = "violated"
             result.findings.append({"kind": "flaky", "message": f"a failure did not reproduce under Hypothesis: {exc}"})
@@ -236,13 +261,23 @@ def _op_json(op: Op | None) -> dict[str, Any] | None:
     return None if op is None else op.to_json()
 
 
-def _settings(profile: Profile, max_examples: int | None, seed: int | None) -> settings:
-    """Hypothesis settings of one run: no database, no deadline (the step timeout is ours), quiet."""
+def _database(folder: Path | None, name: str) -> ExampleDatabase | None:
+    """The adapter's own example database under ``folder`` (one per adapter: the machines share a digest)."""
+    if folder is None:
+        return None
+    return DirectoryBasedExampleDatabase(folder / re.sub(r"[^A-Za-z0-9_.-]", "_", name))
+
+
+def _settings(
+    profile: Profile, max_examples: int | None, seed: int | None, database: ExampleDatabase | None = None
+) -> settings:
+    """Hypothesis settings of one run: the given example database (none by default), no deadline (the step
+    timeout is ours), quiet."""
     return settings(
         max_examples=max_examples or profile.max_examples,
         stateful_step_count=profile.step_count,
         derandomize=profile.derandomize and seed is None,
-        database=None,
+        database=database,
         deadline=None,
         verbosity=Verbosity.quiet,
         report_multiple_bugs=True,  # each invariant's failure shrunk on its own; run_check reports the first found
@@ -315,15 +350,16 @@ def _record_failure(
     """Replay the shrunk case on a fresh adapter, minimise it further, save it, and report what broke."""
     result.status = "violated"
     fresh: Adapter = factory()
+    ignored = result.tally.ignored  # known violations stay unjudged while the new one is confirmed
     try:
-        again = replay_ops(fresh, config, ops, refine=refine)
+        again = replay_ops(fresh, config, ops, Tally(ignored=ignored), refine=refine)
         if again is None or again.invariant != violation.invariant:
             seen = "nothing" if again is None else again.invariant
             result.findings.append(
                 {"kind": "flaky", "message": f"the shrunk case did not reproduce on a fresh adapter (got {seen})"}
             )
         else:
-            ops, violation = minimize_ops(fresh, config, ops, again, refine=refine)
+            ops, violation = minimize_ops(fresh, config, ops, again, refine=refine, ignore=ignored)
     finally:
         fresh.close()
     result.failure, result.failure_ops, result.failure_config = violation, list(ops), config
@@ -345,7 +381,13 @@ def _record_failure(
 
 
 def minimize_ops(
-    adapter: Adapter, config: Config, ops: Sequence[Op], violation: Violation, *, refine: bool = True
+    adapter: Adapter,
+    config: Config,
+    ops: Sequence[Op],
+    violation: Violation,
+    *,
+    refine: bool = True,
+    ignore: frozenset[str] = frozenset(),
 ) -> tuple[list[Op], Violation]:
     """Drop ops one at a time while the same invariant still breaks (1-minimal, by replay).
 
@@ -357,7 +399,7 @@ def minimize_ops(
     i = 0
     while i < len(best):
         candidate = best[:i] + best[i + 1 :]
-        again = replay_ops(adapter, config, candidate, refine=refine) if candidate else None
+        again = replay_ops(adapter, config, candidate, Tally(ignored=ignore), refine=refine) if candidate else None
         if again is not None and again.invariant == violation.invariant:
             best, best_violation = candidate[: again.step + 1], again
         else:

@@ -18,6 +18,7 @@ from typing import cast
 
 from kvspec.adapters import AdapterFactory
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
+from kvspec.case import Case
 from kvspec.report import Report, Status, now
 
 from .bad_inputs import bad_input_cases
@@ -50,6 +51,10 @@ class Options:
     scenarios: bool = True
     quiet: bool = True
     isolate: bool = True  # each adapter in its own child process, every call under step_timeout
+    example_db: Path | None = None  # Hypothesis's failing examples kept here, replayed first next time
+    time_budget_s: float | None = None  # no example starts after it
+    ignore: frozenset[str] = frozenset()  # invariants counted but not judged (a gate's known violations)
+    given_cases: tuple[Case, ...] = ()  # replayed before anything else (saved counterexamples)
     live: LiveTarget = field(default_factory=LiveTarget)
 
 
@@ -89,6 +94,7 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
 
         # Then one short case per class of bad input the adapter can be given (bad_inputs.py).
         extra = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
+    extra = [*options.given_cases, *extra]
     return run_check(
         factory,
         name=name,
@@ -102,6 +108,9 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         extra_cases=extra,
         adapter=adapter,
         isolate=options.isolate,
+        example_db=options.example_db,
+        time_budget_s=options.time_budget_s,
+        ignore=options.ignore,
     ).report()
 
 

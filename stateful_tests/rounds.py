@@ -18,12 +18,14 @@ A failure ends the run in the round that found it (shrunk there, as before).
 from __future__ import annotations
 
 import hashlib
+import time
 
 import hypothesis
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 ROUND_EXAMPLES = 1000
+BUDGET_ROUND_EXAMPLES = 20  # under a time budget: the most a run can overrun it by
 
 
 def round_seed(seed: int | None, number: int) -> int:
@@ -32,17 +34,25 @@ def round_seed(seed: int | None, number: int) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def run_in_rounds(machine: type[RuleBasedStateMachine], run: settings, seed: int | None) -> None:
+def run_in_rounds(
+    machine: type[RuleBasedStateMachine], run: settings, seed: int | None, deadline: float | None = None
+) -> None:
     """Run ``machine`` for ``run.max_examples`` examples in rounds of at most ``ROUND_EXAMPLES``.
 
     Keeps at most one round's Hypothesis runner alive at a time. ``seed``: the run's
-    seed (None: derandomized, or random when ``run.derandomize`` is off).
+    seed (None: derandomized, or random when ``run.derandomize`` is off). ``deadline``
+    (``time.monotonic()``): no round starts after it, and rounds are of ``BUDGET_ROUND_EXAMPLES``,
+    so a run overruns its budget by one short round at most. (Stopping inside a round is not
+    possible: Hypothesis reads an example that ends early as inconsistent data generation.)
     """
     total = run.max_examples
     reseeded: type[RuleBasedStateMachine] | None = None  # hypothesis.seed marks the class it is given: not ours
-    for number, start in enumerate(range(0, max(total, 1), ROUND_EXAMPLES)):
+    size = ROUND_EXAMPLES if deadline is None else BUDGET_ROUND_EXAMPLES
+    for number, start in enumerate(range(0, max(total, 1), size)):
+        if deadline is not None and time.monotonic() >= deadline:
+            return
         factory = machine
         if number and (seed is not None or run.derandomize):
             reseeded = reseeded or type(machine.__name__, (machine,), {})
             factory = hypothesis.seed(round_seed(seed, number))(reseeded)
-        run_state_machine_as_test(factory, settings=settings(run, max_examples=min(ROUND_EXAMPLES, total - start)))
+        run_state_machine_as_test(factory, settings=settings(run, max_examples=min(size, total - start)))

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +28,15 @@ def kvspec(
     cwd: Path | None = None,
     interrupt_after: float | None = None,
     signals: Sequence[tuple[float, int]] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Run:
     """``python -m kvspec.cli ARGS``; ``signals``: (seconds after the start, signal) to send, in order
-    (``interrupt_after=t`` is ``signals=[(t, SIGINT)]``)."""
+    (``interrupt_after=t`` is ``signals=[(t, SIGINT)]``); ``env``: variables set on top of this process's
+    (a ``PYTHONPATH`` there comes before tests/)."""
     plan = list(signals) or ([(interrupt_after, signal.SIGINT)] if interrupt_after is not None else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    extra = dict(env or {})
+    path = [extra.pop("PYTHONPATH", ""), str(TESTS), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, **extra, PYTHONPATH=os.pathsep.join(p for p in path if p))
     command: Sequence[str] = [sys.executable, "-m", "kvspec.cli", *args]
     t0 = time.monotonic()
     proc = subprocess.Popen(

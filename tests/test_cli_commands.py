@@ -16,6 +16,8 @@ from kvspec.report import ExitCode
 # One invocation per command that cannot run: bad usage, a missing file, an unknown adapter, a bad size.
 ERROR_CASES: dict[str, list[str]] = {
     "check": ["check", "--adapter", "no-such-adapter"],
+    "gate": ["gate", "--config", "{tmp}/missing.toml"],
+    "baseline add": ["baseline", "add", "{tmp}/missing.json", "--reason", "r", "--baseline", "{tmp}/b.json"],
     "replay": ["replay", "{tmp}/missing.json"],
     "adapters": ["adapters", "--bogus"],
     "gpu-check": ["gpu-check", "--repeats", "0"],
@@ -29,6 +31,7 @@ ERROR_CASES: dict[str, list[str]] = {
     "bench live": ["bench", "live", "--pairs", "0"],
     "trace check": ["trace", "check", "{tmp}/missing.jsonl"],
     "trace record": ["trace", "record", "--adapter", "no-such-adapter", "--out", "{tmp}/t.jsonl"],
+    "trace convert": ["trace", "convert", "{tmp}/missing.jsonl", "--to", "side-table", "--out", "{tmp}/s.jsonl"],
 }
 
 

@@ -9,9 +9,10 @@ installed vLLM's own method (``make`` receives the original) so that the
 rest of the allocator stays vLLM's.
 
 ``KNOWN_BUGS`` are counterexamples found by the release matrix
-(benchmarks/vllm_matrix.py) in real vLLM releases, kept as regressions: each
-names the release range, and replays the shrunk case against the installed
-release and against the historical code, seeded into the current one.
+(benchmarks/vllm_matrix.py) in real vLLM releases, kept as a baseline file
+(tests/data/vllm-known-bugs.json, the gate's format): each names the release
+range, and replays the shrunk case against the installed release and against
+the historical code, seeded into the current one.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvspec.adapters import _vllm_shims as shims
-from kvspec.spec import Config, Op
+from kvspec.gate import Baseline, Entry
 
 Method = Callable[..., Any]
 
@@ -199,31 +201,12 @@ VLLM_BUGS: tuple[VllmBug, ...] = (
 )
 
 
-@dataclass(frozen=True)
-class KnownBug:
-    """A counterexample in released vLLM, found by the release matrix, kept as a regression."""
+KNOWN_BUGS_FILE = Path(__file__).parent / "data" / "vllm-known-bugs.json"
+"""Counterexamples found by the release matrix in released vLLM, kept as a kvspec baseline (docs/ci.md):
+each entry names the adapter, the invariant, the release range (``versions``) and the shrunk case. The kit
+is the first user of its own gate's baseline."""
 
-    name: str
-    invariant: str
-    adapter: str
-    affected: str  # release range, e.g. ">=0.10.2,<0.24"
-    config: Config
-    ops: tuple[Op, ...]
-    seeded_as: str  # the VllmBug that reproduces the historical code in the installed release
-    description: str
+KNOWN_BUGS: tuple[Entry, ...] = tuple(Baseline.load(KNOWN_BUGS_FILE).entries)
 
-
-KNOWN_BUGS: tuple[KnownBug, ...] = (
-    KnownBug(
-        "free-blocks-not-multiset-tolerant",
-        "capacity_conservation",
-        "vllm-blockpool",
-        ">=0.10.2,<0.24",
-        Config(capacity=2, block_size=2),
-        (Op("admit", "r0", (0, 0)), Op("release", "r0")),
-        "free-queues-twice",
-        "BlockPool.free_blocks decrements every listed block first and then queues each listed block whose count "
-        "is zero: one call carrying two references to a block (two requests sharing it, freed together) queues "
-        "it twice, and the free count overstates capacity by one. Fixed in 0.24 (per-reference decrement).",
-    ),
-)
+SEEDED_AS: dict[str, str] = {"084704ed6a4771ba": "free-queues-twice"}
+"""Known bug (fingerprint) -> the VllmBug that reproduces the historical code in the installed release."""

@@ -1,4 +1,4 @@
-"""``kvspec trace check`` and ``kvspec trace record``.
+"""``kvspec trace check``, ``kvspec trace record`` and ``kvspec trace convert``.
 
 Exit codes: 0 every invariant held (or the trace was recorded), 1 a violation, 2 the
 command could not run (unreadable file, malformed line, adapter failure).
@@ -15,7 +15,7 @@ from kvspec import jsonio
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
 from kvspec.report import ExitCode
 from kvspec.spec import Config
-from kvspec.traces import AUTO, FORMATS, check_trace, values
+from kvspec.traces import AUTO, FORMATS, TraceFormatError, TraceOptions, check_trace, values
 from kvspec.traces.result import TraceResult
 
 from .common import fail, positive
@@ -37,7 +37,27 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("--report", type=Path, default=None, help="write the JSON report (as kvspec check) here")
     check.add_argument("--context", type=int, default=3, help="lines shown before the first violation (default 3)")
+    check.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="blocks in the pool where the log does not say (kvfabric: vLLM's num_gpu_blocks - 1; side-table)",
+    )
+    check.add_argument(
+        "--policy",
+        choices=["lru", "shared_aware", "family_protect"],
+        default=None,
+        help="the eviction policy where the log does not say (kvfabric, side-table)",
+    )
     check.set_defaults(handler=cmd_check, on_interrupt=check_interrupted)
+
+    convert = sub.add_parser("convert", help="convert a KVFabric lifecycle log into a side table")
+    convert.add_argument("file", type=Path, help="the KVFabric lifecycle log (kvfabric_lifecycle.jsonl)")
+    convert.add_argument("--from", dest="source_format", choices=["kvfabric"], default="kvfabric")
+    convert.add_argument("--to", dest="target", choices=["side-table", "kvspec"], required=True)
+    convert.add_argument("--out", type=Path, required=True, help="the JSONL file to write")
+    convert.add_argument("--capacity", type=int, default=None, help="blocks in the pool, for the side table header")
+    convert.set_defaults(handler=cmd_convert)
 
     record = sub.add_parser("record", help="drive an adapter with ops and write what it did as a trace")
     record.add_argument("--adapter", default="reference", help="adapter name or pkg.module:Factory")
@@ -65,7 +85,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             jsonio.ensure_writable(args.report)
         except OSError as exc:
             return fail(f"{args.report}: cannot write the report: {exc}")
-    result = check_trace(args.file, args.format, context=max(args.context, 0))
+    if args.capacity is not None:
+        try:
+            values.blocks("--capacity", args.capacity)
+        except ValueError as exc:
+            return fail(str(exc))
+    options = TraceOptions(capacity=args.capacity, policy=args.policy)
+    result = check_trace(args.file, args.format, context=max(args.context, 0), options=options)
     report = result.report()
     try:
         report.write(args.report)
@@ -76,6 +102,27 @@ def cmd_check(args: argparse.Namespace) -> int:
         where = f":{result.error_line}" if result.error_line is not None else ""
         print(f"kvspec: {args.file}{where}: {result.error}", file=sys.stderr)
     return result.exit_code
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from kvspec.traces.convert import ConversionError, convert
+
+    try:
+        jsonio.ensure_writable(args.out)
+        if args.capacity is not None:
+            values.blocks("--capacity", args.capacity)
+        written = convert(args.file, args.target, args.out, capacity=args.capacity)
+    except TraceFormatError as exc:
+        where = f":{exc.line}" if exc.line is not None else ""
+        return fail(f"{args.file}{where}: {exc.message}")
+    except ConversionError as exc:
+        return fail(f"{args.file}: cannot convert to {args.target}: {exc}")
+    except ValueError as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        return fail(f"{args.out}: cannot write: {exc}")
+    print(f"converted {written} events of {args.file} (kvfabric) to {args.out} ({args.target})")
+    return ExitCode.HELD
 
 
 def check_interrupted(args: argparse.Namespace) -> None:

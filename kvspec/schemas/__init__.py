@@ -18,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-SCHEMAS = ("report", "case", "bench-live")
+SCHEMAS = ("report", "case", "bench-live", "baseline", "gate")
 
 
 @cache

@@ -1,7 +1,8 @@
 """Lifecycle trace checking: replay a recorded event log through the spec.
 
-``check_trace(path, fmt)`` reads a JSONL log in one of three formats (kvspec's
-own trace, vLLM's KV cache events, a KV block side table), replays it, and
+``check_trace(path, fmt)`` reads a JSONL log in one of four formats (kvspec's
+own trace, vLLM's KV cache events, the KVFabric overlay's lifecycle log, a KV
+block side table), replays it, and
 returns a TraceResult: per invariant held, violated or unknown with the lines
 it was checked on, and the first violation with its line and the lines before
 it. A log that cannot be read is an error with its line number, never a crash;
@@ -11,7 +12,8 @@ format read with the wrong ``--format``), which must never read as a pass.
 A format is one module of this package, listed in ``FORMATS``, with:
 ``DESCRIPTION`` (one line, for ``--help``), ``INVARIANTS`` (what it judges, in
 report order), ``recognizes(line) -> bool`` (whether a line is one of its
-records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``.
+records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``
+(``judge.options``: what the command line says about the pool).
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from . import kvspec_format, side_table, vllm_events
+from . import kvfabric, kvspec_format, side_table, vllm_events
 from .lines import Line, TraceFormatError, read_lines
-from .result import Judge, TraceInvariant, TraceResult, TraceViolation
+from .result import Judge, TraceInvariant, TraceOptions, TraceResult, TraceViolation
 
 FORMATS: dict[str, ModuleType] = {
     "kvspec": kvspec_format,
     "vllm-events": vllm_events,
+    "kvfabric": kvfabric,
     "side-table": side_table,
 }
-"""Every trace format by name; ``--format auto`` asks each in this order whether it recognizes line 1."""
+"""Every trace format by name; ``--format auto`` asks each in this order whether it recognizes line 1
+(kvfabric before side-table: both are ``event`` lines, kvfabric's carry ``time_ns``)."""
 
 AUTO = "auto"
 """The format name that means: the format whose records line 1 is."""
@@ -62,10 +66,11 @@ def _replay(module: ModuleType, lines: list[Line], judge: Judge) -> None:
         raise TraceFormatError(None, f"{nothing} that could be checked: no step was replayed")
 
 
-def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
+def check_trace(path: Path | str, fmt: str, *, context: int = 3, options: TraceOptions | None = None) -> TraceResult:
     """Check the trace at ``path`` in format ``fmt`` (a FORMATS name, or AUTO); exit_code is 0, 1 or 2.
 
-    ``context``: how many lines before the first violation the result keeps.
+    ``context``: how many lines before the first violation the result keeps; ``options``: the
+    pool size and policy given on the command line, for logs that do not say them.
     """
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -77,7 +82,7 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3) -> TraceResult:
         if fmt == AUTO:
             result.fmt = _detect(lines)
             result.invariants = FORMATS[result.fmt].INVARIANTS
-        judge = Judge(result, lines, context)
+        judge = Judge(result, lines, context, options)
         _replay(FORMATS[result.fmt], lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line
@@ -97,6 +102,7 @@ __all__ = [
     "FORMATS",
     "TraceFormatError",
     "TraceInvariant",
+    "TraceOptions",
     "TraceResult",
     "TraceViolation",
     "check_trace",

@@ -28,10 +28,12 @@ from kvspec.spec import (
     Transition,
     check_transition,
 )
+from kvspec.spec.block_key import parent_prefix
 
 from . import values
 from .codec import event_from_json, event_to_json, observation_from_json, observation_to_json
 from .lines import Line, TraceFormatError
+from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
 
 TRACE_SCHEMA = 1
@@ -156,6 +158,9 @@ def check(lines: list[Line], judge: Judge) -> None:
     memory = KeyMemory()
     placeholder = Observation(config.capacity, config.capacity, {}, {})
     before = observation_from_json(head.data["observation"], head.number) if "observation" in head.data else None
+    result.quality = quality = TraceQuality()
+    if before is None:
+        quality.orphans_unknown("the trace records no observations")
     for step, line in enumerate(lines[1:]):
         judge.at(line)
         number = line.need_int("step")
@@ -189,6 +194,7 @@ def check(lines: list[Line], judge: Judge) -> None:
             for inv in SPEC_INVARIANTS:
                 if inv.name not in OBSERVATION_FREE:
                     judge.unknown(inv.name, "the trace records no observation before and after a step")
+        _measure(quality, line.number, op, outcome, events, before, after, config, semantics)
         if judge.judge(line, step, results):
             return
         before = after
@@ -198,3 +204,36 @@ def _order_problem(expected: int, got: int) -> str:
     if got > expected:
         return f"step {got} where step {expected} was due: {got - expected} step(s) missing or moved"
     return f"step {got} where step {expected} was due: a step repeated or out of order"
+
+
+def _measure(
+    quality: TraceQuality,
+    number: int,
+    op: Op,
+    outcome: Outcome,
+    events: tuple[Event, ...],
+    before: Observation | None,
+    after: Observation | None,
+    config: Config,
+    semantics: Semantics,
+) -> None:
+    """The step's part of the trace's cache quality (kvspec/traces/quality.py)."""
+    if op.op == "admit" and outcome.status == "ok" and outcome.hit_tokens is not None:
+        quality.lookup(hit=outcome.hit_tokens > 0, prompt_tokens=len(op.tokens), hit_tokens=outcome.hit_tokens)
+    hits = {oid: o.hits for oid, o in before.objects.items()} if before is not None else {}
+    for event in events:
+        if event.kind == "evict":
+            quality.evict(event.key, "cached", was_hit=bool(hits.get(event.oid)))
+    if after is None or semantics.granularity != "block":
+        if after is not None:
+            quality.orphans_unknown(f"orphans are counted at block granularity, not {semantics.granularity}")
+        return
+    was = {o.key for o in before.objects.values()} if before is not None else set()
+    keys = [o.key for o in after.objects.values() if o.key is not None]
+    for key in keys:
+        if key not in was:
+            quality.cache(key)
+    counter = OrphanCounter()
+    for key in keys:
+        counter.add(key, parent_prefix(key, config.block_size) if isinstance(key, tuple) else None)
+    quality.sample(number, counter)

@@ -17,6 +17,19 @@ from typing import Any
 from kvspec.report import ExitCode, Report, Status, now, rows
 
 from .lines import Line
+from .quality import TraceQuality
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What the command line says about the pool where the log does not (``--capacity``, ``--policy``).
+
+    ``capacity``: usable blocks in the pool (vLLM's num_gpu_blocks less its null block).
+    Formats that cannot use an option ignore it (docs/traces.md says which read them).
+    """
+
+    capacity: int | None = None
+    policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,10 @@ class TraceResult:
     error: str = ""
     error_line: int | None = None
     interrupted: bool = False
+    # Events a check could not judge (invariant -> how many), and event names the format does not know.
+    unjudged: Counter[str] = field(default_factory=Counter)
+    unknown_events: Counter[str] = field(default_factory=Counter)
+    quality: TraceQuality | None = None
 
     @property
     def status(self) -> Status:
@@ -100,8 +117,20 @@ class TraceResult:
         error = self.error
         if error and self.error_line is not None:
             error = f"line {self.error_line}: {error}"
+        findings: list[dict[str, Any]] = []
+        if self.quality is not None:
+            findings.append({"kind": "trace_quality", "format": self.fmt, **self.quality.to_json()})
+        if self.unknown_events:
+            findings.append(
+                {
+                    "kind": "unknown_events",
+                    "message": "events of names this format does not know: counted, not judged",
+                    "events": dict(sorted(self.unknown_events.items())),
+                }
+            )
         return Report(
             adapter=self.adapter,
+            findings=findings,
             rows=rows([(inv.name, inv.kind) for inv in self.invariants], self.checked, firsts, reasons=reasons),
             adapter_version=self.adapter_version,
             profile="trace",
@@ -120,6 +149,9 @@ class TraceResult:
                     "error_line": self.error_line,
                     "violated": None if self.violation is None else self.violation.invariant,
                     "violated_line": None if self.violation is None else self.violation.line,
+                    "unjudged": dict(sorted(self.unjudged.items())),
+                    "unknown_events": dict(sorted(self.unknown_events.items())),
+                    "quality": None if self.quality is None else self.quality.to_json(),
                 }
             },
             title=f"kvspec trace check: {self.path} ({self.fmt}), adapter {self.adapter or '-'}",
@@ -131,6 +163,17 @@ class TraceResult:
         lines = ["", f"{self.lines} lines, {self.steps} steps replayed"]
         if self.coverage:
             lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(self.coverage.items())))
+        if self.unknown_events:
+            lines.append(
+                "unknown events (counted, not judged): "
+                + ", ".join(f"{k} {v}" for k, v in sorted(self.unknown_events.items()))
+            )
+        if self.unjudged:
+            lines.append(
+                "events a check could not judge: " + ", ".join(f"{k} {v}" for k, v in sorted(self.unjudged.items()))
+            )
+        if self.quality is not None:
+            lines += ["", *self.quality.lines()]
         v = self.violation
         if v is not None:
             lines += ["", f"VIOLATED {v.invariant} at line {v.line} (step {v.step}):"]
@@ -149,8 +192,11 @@ class Judge:
     broke something, so that the caller stops replaying.
     """
 
-    def __init__(self, result: TraceResult, lines: Sequence[Line], context: int = 3) -> None:
+    def __init__(
+        self, result: TraceResult, lines: Sequence[Line], context: int = 3, options: TraceOptions | None = None
+    ) -> None:
         self.result, self.context = result, context
+        self.options = options or TraceOptions()
         self._position = {line.number: i for i, line in enumerate(lines)}
         self._lines = lines
         self._order = [inv.name for inv in result.invariants]
@@ -160,6 +206,11 @@ class Judge:
     def unknown(self, name: str, reason: str) -> None:
         """Say why ``name`` cannot be judged on this trace (shown while it has no checks)."""
         self.result.unknown_reasons.setdefault(name, reason)
+
+    def cannot_judge(self, name: str, reason: str) -> None:
+        """One event that ``name`` could not judge (counted in the report), and why, while it has no verdict."""
+        self.result.unjudged[name] += 1
+        self.unknown(name, reason)
 
     def at(self, line: Line) -> None:
         """The line being read now, for an error that no format check foresaw."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from . import values
 from .lines import Line, TraceFormatError
+from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
 
 SIDE_TABLE_SCHEMA = 1
@@ -110,6 +111,31 @@ class SideTableLedger:
     blocks: dict[int, _Block] = field(default_factory=dict)
     index: dict[Hashable, list[int]] = field(default_factory=dict)
     ranking: list[dict[str, Any]] | None = None
+    quality: TraceQuality = field(default_factory=TraceQuality)
+    orphans: OrphanCounter = field(default_factory=OrphanCounter)
+    parents: dict[int, Hashable | None] = field(default_factory=dict)  # cached block -> its parent's hash
+    chains: dict[Hashable, Hashable | None] = field(default_factory=dict)  # hash -> the hash before it in a lookup
+
+    def _cache_quality(self, line: Line, block_id: int, block_hash: Hashable) -> None:
+        """A block entered the cache: regret if its hash was evicted before; its place in the orphan count."""
+        raw = line.data.get("parent_hash")
+        parent = None if raw is None else _hash(line, "parent_hash", raw)
+        depth = line.opt_int("prefix_depth", minimum=0)
+        if parent is None and block_hash in self.chains:  # a lookup listed the hash after its parent's
+            parent, depth = self.chains[block_hash], 1 if self.chains[block_hash] is None else depth
+        if parent is None and depth != 1:
+            self.quality.orphans_unknown(
+                f"line {line.number}: a block sealed without parent_hash at prefix_depth {depth}"
+            )
+        self.quality.cache(block_hash)
+        self.orphans.add(block_hash, parent)
+        self.parents[block_id] = parent
+        self.quality.sample(line.number, self.orphans)
+
+    def _uncache_quality(self, line: Line, block_id: int, block_hash: Hashable) -> None:
+        if block_id in self.parents:
+            self.orphans.remove(block_hash, self.parents.pop(block_id))
+            self.quality.sample(line.number, self.orphans)
 
     def block(self, block_id: int) -> _Block:
         return self.blocks.setdefault(block_id, _Block())
@@ -188,6 +214,7 @@ class SideTableLedger:
             results["lifecycle_transitions"] = self._move(block_id, block, "block_allocated", ("free", "evicted"))
         if block.block_hash is not None:
             self._unindex(block_id, block.block_hash)
+            self._uncache_quality(line, block_id, block.block_hash)
         self.blocks[block_id] = block = _Block("allocated", 1)
         self._recorded(line, block_id, block, results)
         return results
@@ -207,8 +234,10 @@ class SideTableLedger:
             )
         if block.block_hash is not None:
             self._unindex(block_id, block.block_hash)
+            self._uncache_quality(line, block_id, block.block_hash)
         block.state, block.block_hash, block.hit_count = "sealed", block_hash, 0
         self.index.setdefault(block_hash, []).append(block_id)
+        self._cache_quality(line, block_id, block_hash)
         self._recorded(line, block_id, block, results, skip=("block_hash",))
         return results
 
@@ -254,10 +283,13 @@ class SideTableLedger:
             results["lifecycle_transitions"] = self._move(block_id, block, "block_evicted", ("cached",))
         if (line.opt(values.choice, "reason", allowed=REASONS) or "evict") == "evict":
             results["policy_conformance"] = self._policy(block_id, line)
+            if block.block_hash is not None:
+                self.quality.evict(block.block_hash, block.state, was_hit=block.hit_count > 0)
         # ref_count, hit_count and block_hash describe the block as it goes; state is where it goes.
         self._recorded(line, block_id, block, results, skip=("state",))
         if block.block_hash is not None:
             self._unindex(block_id, block.block_hash)
+            self._uncache_quality(line, block_id, block.block_hash)
         self.blocks[block_id] = block = _Block("evicted")
         self._recorded(line, block_id, block, results, skip=("ref_count", "hit_count", "block_hash"))
         return results
@@ -326,6 +358,13 @@ class SideTableLedger:
             chain += 1
         results: dict[str, Problems] = {"cache_index_consistency": index_problems}
         prompt, bs = line.opt_int("prompt_tokens", minimum=0), self.header.block_size
+        said_hit = line.opt_int("hit_tokens", minimum=0)
+        self.quality.lookup(
+            hit=bool(hit_blocks), prompt_tokens=prompt, hit_tokens=said_hit if said_hit is not None else None
+        )
+        self.quality.lookup_blocks_hit(len(hashes), len(hit_blocks))
+        for i, h in enumerate(hashes):
+            self.chains.setdefault(h, hashes[i - 1] if i else None)
         if self.header.hit_cap and (prompt is None or bs is None):
             return results  # the cap depends on the prompt length and block size: not predictable here
         if self.header.hit_cap and prompt is not None and bs is not None:
@@ -368,13 +407,22 @@ def check(lines: list[Line], judge: Judge) -> None:
             raise TraceFormatError(lines[0].number, f"unsupported side table version {version!r}")
         header, events = Header.from_line(lines[0]), lines[1:]
         judge.result.adapter = lines[0].opt(values.string, "source") or ""
+    if header.num_blocks is None and judge.options.capacity is not None:
+        header.num_blocks = judge.options.capacity
+    if header.policy is None and judge.options.policy is not None:
+        header.policy = judge.options.policy
     if header.num_blocks is None:
         judge.unknown("capacity_conservation", "the header gives no num_blocks")
     if header.policy not in POLICIES:
         judge.unknown("policy_conformance", f"no known policy in the header ({', '.join(POLICIES)})")
     if header.hit_cap and header.block_size is None:
         judge.unknown("predicted_prefix_hits", "hit_cap needs block_size in the header")
+    if header.num_blocks is None and judge.options.capacity is not None:
+        header.num_blocks = judge.options.capacity
+    if header.policy is None and judge.options.policy is not None:
+        header.policy = judge.options.policy
     ledger = SideTableLedger(header)
+    judge.result.quality = ledger.quality
     last_seq: int | None = None
     last_ts: float | None = None
     result = judge.result
