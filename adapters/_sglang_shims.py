@@ -50,6 +50,7 @@ class Sglang:
     Req: Any
     SamplingParams: Any
     batch: Any = None
+    server_args: Any = None
 
     # -- construction ---------------------------------------------------------------------
     def build(self, pages: int, page_size: int, rows: int, context: int, policy: str = "lru") -> tuple[Any, Any, Any]:
@@ -57,6 +58,8 @@ class Sglang:
         evicting by SGLang's ``policy`` strategy (a release that has no strategies evicts lru only)."""
         torch = self.torch
         size = pages * page_size
+        if self.server_args is not None:
+            self.server_args.page_size = page_size  # the server's page size is the tree's (read up to 0.5.14)
         if page_size == 1:
             alloc = self.allocator.TokenToKVPoolAllocator(size, torch.float16, "cpu", None, False)
         else:
@@ -247,7 +250,7 @@ def load() -> Sglang:
     allocator = Sglang._module("sglang.srt.mem_cache.allocator") or pool
     _quiet()
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
-    _publish_server_args()
+    server_args = _publish_server_args()
     sampling = importlib.import_module("sglang.srt.sampling.sampling_params")
     return Sglang(
         version=metadata.version("sglang"),
@@ -259,6 +262,7 @@ def load() -> Sglang:
         allocation=_allocation_module(),
         Req=batch.Req,
         batch=batch,
+        server_args=server_args,
         SamplingParams=sampling.SamplingParams,
     )
 
@@ -295,7 +299,7 @@ def _allocation_module() -> Any | None:
     return None
 
 
-def _publish_server_args() -> None:
+def _publish_server_args() -> Any:
     """Publish default ServerArgs, as the scheduler's process does before its first request: from 0.5.22 the
     request path reads them (``get_serving()``, ``get_spec()``), before through a global of server_args."""
     server_args = importlib.import_module("sglang.srt.server_args")
@@ -310,10 +314,12 @@ def _publish_server_args() -> None:
                 setattr(args, f.name, f.default_factory())
         args.model_path, args.device = "kvspec-no-model", "cpu"
     context = Sglang._module("sglang.srt.runtime_context")
-    if context is not None and hasattr(context, "get_context"):
-        context.get_context().set_server_args(args)
+    holder: Any = context.get_context() if context is not None and hasattr(context, "get_context") else None
+    if hasattr(holder, "set_server_args"):  # 0.5.17+ (0.5.14 has a RuntimeContext without it)
+        holder.set_server_args(args)
     elif hasattr(server_args, "set_global_server_args_for_scheduler"):
         server_args.set_global_server_args_for_scheduler(args)
+    return args
 
 
 def accepts(func: Any, name: str) -> bool:
