@@ -86,7 +86,10 @@ class Sglang:
 
     def request(self, rid: str, tokens: tuple[int, ...]) -> Any:
         """The scheduler's own Req for a prompt: no text, default sampling, no logprobs."""
-        return self.Req(rid, "", array("q", tokens), self.SamplingParams(max_new_tokens=1 << 20))
+        req = self.Req(rid, "", array("q", tokens), self.SamplingParams(max_new_tokens=1 << 20))
+        if isinstance(req.output_ids, list):  # token lists were Python lists before the array("q") ones
+            req = self.Req(rid, "", list(tokens), self.SamplingParams(max_new_tokens=1 << 20))
+        return req
 
     @staticmethod
     def _module(name: str) -> Any | None:
