@@ -277,8 +277,10 @@ class _NaiveExtend:
         self.naive = naive
 
     def __getitem__(self, grid: Any) -> Any:
-        def run(prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any, out: Any, _bs: int, ps: int) -> None:
-            self.naive(prefix_lens, seq_lens, last_loc, free_pages, out, ps, out.device)
+        def run(
+            prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any, out: Any, _bs: int, ps: int, *_: Any
+        ) -> None:
+            self.naive(prefix_lens, seq_lens, last_loc, free_pages, out, ps, out.device)  # 0.5.9 passes one more
 
         return run
 
