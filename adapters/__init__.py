@@ -27,6 +27,10 @@ BUILTIN: dict[str, str] = {
     "vllm-blockpool": "kvspec.adapters.vllm_blockpool:VllmBlockPoolAdapter",
     "vllm-live": "kvspec.adapters.vllm_live.adapter:VllmLiveAdapter",
     "nano-vllm": "kvspec.adapters.nano_vllm:NanoVllmAdapter",
+    "sglang": "kvspec.adapters.sglang_inprocess:SglangAdapter",
+    "sglang-lfu": "kvspec.adapters.sglang_inprocess:lfu",
+    "sglang-fifo": "kvspec.adapters.sglang_inprocess:fifo",
+    "sglang-priority": "kvspec.adapters.sglang_inprocess:priority",
 }
 
 ENTRY_POINT_GROUP = "kvspec.adapters"

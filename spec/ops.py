@@ -10,10 +10,12 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from .radix import RadixOrder
+
 Granularity = Literal["block", "record", "entry"]
 OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
 Status = Literal["ok", "refused", "invalid"]
-EvictionOrder = Literal["lru", "lifecycle", "score", "shared_aware", "family_protect"]
+EvictionOrder = Literal["lru", "lifecycle", "score", "shared_aware", "family_protect"] | RadixOrder
 DuplicateKeys = Literal["unkeyed", "indexed", "newest"]
 FreeUncached = Literal["tail", "head"]
 
@@ -104,7 +106,8 @@ class Semantics:
       -size) first; ``score`` is lowest retention score, then oldest, first.
       At block granularity ``score``, ``shared_aware`` and ``family_protect``
       rank the cached blocks with ref_count 0 (spec.policies, docs/policies.md)
-      and take uncached free blocks before evicting any.
+      and take uncached free blocks before evicting any. The ``radix_*`` orders
+      are a radix tree's (spec.radix): unlocked leaves by the order's rank key.
     hit_cap: a prefix hit leaves at least one prompt token to compute (vLLM).
     reset_requires_idle: reset_cache is refused while any object is referenced.
     duplicate_keys: a block that becomes full while its key is already cached by

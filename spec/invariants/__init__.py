@@ -13,15 +13,21 @@ from __future__ import annotations
 from .key_memory import KeyMemory
 from .policy import POLICY
 from .quality import PolicyQuality, eviction_choices, orphaned_blocks
+from .radix import RADIX_POLICY, RADIX_SAFETY
 from .refinement import REFINEMENT
 from .safety import SAFETY
 from .transition import Invariant, Kind, Problems, Transition
 
-INVARIANTS: tuple[Invariant, ...] = (*SAFETY, *REFINEMENT, *POLICY)
+INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *SAFETY, *REFINEMENT, *POLICY, *RADIX_POLICY)
 """Every invariant, in the order a report names a step's broken invariants: safety first (within a kind,
 the most specific cause before the generic symptoms it also produces), then refinement, then policy (last,
 so that adding them changed no existing counterexample's first name). A new invariant is one function and
-one entry in its kind's tuple."""
+one entry in its kind's tuple. The radix ones (spec.invariants.radix) apply only to an adapter that shows a
+RadixView; their safety checks come first, as the tree-level cause of the block-level symptoms."""
+
+RADIX_INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *RADIX_POLICY)
+"""The invariants over a radix tree's RadixView (spec.radix): they apply only to adapters that show one, and
+the block ledger's Z3 encoding, which has no tree, has no twin of them."""
 
 ADAPTER_CONTRACT = "adapter_contract"
 """Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""
@@ -47,6 +53,7 @@ __all__ = [
     "KeyMemory",
     "Kind",
     "PolicyQuality",
+    "RADIX_INVARIANTS",
     "Problems",
     "Transition",
     "check_transition",
