@@ -28,11 +28,14 @@ def kvspec(
     cwd: Path | None = None,
     interrupt_after: float | None = None,
     signals: Sequence[tuple[float, int]] = (),
+    from_held: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> Run:
     """``python -m kvspec.cli ARGS``; ``signals``: (seconds after the start, signal) to send, in order
-    (``interrupt_after=t`` is ``signals=[(t, SIGINT)]``); ``env``: variables set on top of this process's
-    (a ``PYTHONPATH`` there comes before tests/)."""
+    (``interrupt_after=t`` is ``signals=[(t, SIGINT)]``); ``from_held``: count those seconds from the moment
+    the process holds SIGINT back (its parse has begun), not from its start, so a slow start on loaded cores
+    does not move the signal before it; ``env``: variables set on top of this process's (a ``PYTHONPATH``
+    there comes before tests/)."""
     plan = list(signals) or ([(interrupt_after, signal.SIGINT)] if interrupt_after is not None else [])
     extra = dict(env or {})
     path = [extra.pop("PYTHONPATH", ""), str(TESTS), os.environ.get("PYTHONPATH", "")]
@@ -43,6 +46,9 @@ def kvspec(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
+        if from_held:
+            _wait_until_sigint_held(proc, t0 + limit)
+            t0 = time.monotonic()
         for at, sig in plan:
             try:
                 proc.wait(timeout=max(0.0, at - (time.monotonic() - t0)))
@@ -56,3 +62,16 @@ def kvspec(
         out, err = proc.communicate()
         code = None
     return Run(code, out, err, time.monotonic() - t0)
+
+
+def _wait_until_sigint_held(proc: subprocess.Popen[str], deadline: float) -> None:
+    """Poll /proc/PID/status until SIGINT is in the process's blocked mask (or it ended, or the deadline)."""
+    status = Path(f"/proc/{proc.pid}/status")
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:
+            return
+        if int(fields.get("SigBlk", "0").strip(), 16) & (1 << (signal.SIGINT - 1)):
+            return
+        time.sleep(0.005)

@@ -31,7 +31,7 @@ def test_an_adapter_that_does_not_load_still_gets_its_report(tmp_path: Path) -> 
 
 def test_an_interrupt_while_the_command_starts_writes_an_interrupted_report(tmp_path: Path) -> None:
     report = tmp_path / "r.json"
-    run = kvspec("check", "--adapter", "reference", "--report", str(report), interrupt_after=0.15)
+    run = kvspec("check", "--adapter", "reference", "--report", str(report), interrupt_after=0.0, from_held=True)
     assert run.code == 2, (run.code, run.err[-300:])
     assert "Traceback" not in run.err
     assert _report(report)["status"] == "interrupted"
