@@ -26,8 +26,9 @@ from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report, Status, now, rows
 from kvspec.spec import INVARIANTS, Config, Op
-from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
+from kvspec.spec.invariants import ADAPTER_CONTRACT, RADIX_INVARIANTS, PolicyQuality
 from kvspec.spec.ops import bad_input_kinds
+from kvspec.spec.radix import RADIX_ORDERS
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
@@ -156,13 +157,18 @@ class Result:
 
 
 def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
-    """Invariants that can be judged for this adapter (refinement needs declared exact semantics)."""
+    """Invariants that can be judged for this adapter (refinement needs declared exact semantics; the radix
+    ones a declared radix eviction order, the adapter's statement that it shows a radix tree)."""
     semantics = adapter.capabilities.semantics
     exact = semantics.exact and refine
+    radix = semantics.eviction in RADIX_ORDERS
+    radix_names = {inv.name for inv in RADIX_INVARIANTS}
     return frozenset(
         inv.name
         for inv in INVARIANTS
-        if (inv.kind != "refinement" or exact) and semantics.granularity in inv.granularities
+        if (inv.kind != "refinement" or exact)
+        and semantics.granularity in inv.granularities
+        and (radix or inv.name not in radix_names)
     ) | {ADAPTER_CONTRACT}
 
 

@@ -252,12 +252,16 @@ def radix_policy_conformance(t: Transition) -> Problems:
     return problems
 
 
+_BLOCK = frozenset({"block"})  # a radix tree is shown by block (page) adapters only
+
 RADIX_SAFETY: tuple[Invariant, ...] = (
-    Invariant("radix_tree_links", "safety", radix_tree_links),
-    Invariant("radix_value_matches_key", "safety", radix_value_matches_key),
-    Invariant("radix_locked_kept", "safety", radix_locked_kept),
-    Invariant("radix_lock_refs", "safety", radix_lock_refs),
-    Invariant("radix_size_accounting", "safety", radix_size_accounting),
-    Invariant("radix_token_conservation", "safety", radix_token_conservation),
+    Invariant("radix_tree_links", "safety", radix_tree_links, _BLOCK),
+    Invariant("radix_value_matches_key", "safety", radix_value_matches_key, _BLOCK),
+    Invariant("radix_locked_kept", "safety", radix_locked_kept, _BLOCK),
+    Invariant("radix_lock_refs", "safety", radix_lock_refs, _BLOCK),
+    Invariant("radix_size_accounting", "safety", radix_size_accounting, _BLOCK),
+    Invariant("radix_token_conservation", "safety", radix_token_conservation, _BLOCK),
 )
-RADIX_POLICY: tuple[Invariant, ...] = (Invariant("radix_policy_conformance", "policy", radix_policy_conformance),)
+RADIX_POLICY: tuple[Invariant, ...] = (
+    Invariant("radix_policy_conformance", "policy", radix_policy_conformance, _BLOCK),
+)
