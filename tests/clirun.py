@@ -29,13 +29,14 @@ def kvspec(
     interrupt_after: float | None = None,
     signals: Sequence[tuple[float, int]] = (),
     from_held: bool = False,
+    from_file: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Run:
     """``python -m kvspec.cli ARGS``; ``signals``: (seconds after the start, signal) to send, in order
     (``interrupt_after=t`` is ``signals=[(t, SIGINT)]``); ``from_held``: count those seconds from the moment
     the process holds SIGINT back (its parse has begun), not from its start, so a slow start on loaded cores
-    does not move the signal before it; ``env``: variables set on top of this process's (a ``PYTHONPATH``
-    there comes before tests/)."""
+    does not move the signal before it; ``from_file``: count them from the moment that file exists; ``env``:
+    variables set on top of this process's (a ``PYTHONPATH`` there comes before tests/)."""
     plan = list(signals) or ([(interrupt_after, signal.SIGINT)] if interrupt_after is not None else [])
     extra = dict(env or {})
     path = [extra.pop("PYTHONPATH", ""), str(TESTS), os.environ.get("PYTHONPATH", "")]
@@ -48,6 +49,10 @@ def kvspec(
     try:
         if from_held:
             _wait_until_sigint_held(proc, t0 + limit)
+            t0 = time.monotonic()
+        if from_file is not None:
+            while proc.poll() is None and not from_file.exists() and time.monotonic() < t0 + limit:
+                time.sleep(0.01)
             t0 = time.monotonic()
         for at, sig in plan:
             try:

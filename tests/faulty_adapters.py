@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
@@ -178,7 +179,8 @@ class ObserveRaisesAtStart(_Raise):
 
 class SlowBuggy(ReferencePagedAdapter):
     """A real bug (a released block's ref count is decremented twice), 100 ms a step: found in a second or two,
-    then shrunk and replayed for many seconds more."""
+    then shrunk and replayed for many seconds more. With ``SLOW_BUGGY_MARK`` set, the first release that fires
+    the bug (the kit reports it on that step) creates that file: a test can signal the kit while it shrinks."""
 
     def __init__(self) -> None:
         from seeded_bugs import DoubleDecrement
@@ -187,7 +189,11 @@ class SlowBuggy(ReferencePagedAdapter):
 
     def apply(self, op: Op) -> Outcome:
         time.sleep(0.1)
-        return super().apply(op)
+        outcome = super().apply(op)
+        mark = os.environ.get("SLOW_BUGGY_MARK")
+        if mark and op.op == "release" and outcome.status == "ok":
+            Path(mark).touch()
+        return outcome
 
 
 class SlowClose(ReferencePagedAdapter):

@@ -39,10 +39,20 @@ def test_an_interrupt_while_the_command_starts_writes_an_interrupted_report(tmp_
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_while_shrinking_keeps_the_finding_and_its_case(sig: int, tmp_path: Path) -> None:
-    """SlowBuggy's bug is found within the first second; shrinking it then takes several more."""
-    report = tmp_path / "r.json"
+    """The signal comes 0.5 s after SlowBuggy's bug first fires (it marks a file): shrinking its case then takes
+    several seconds more (100 ms a step), so the kit is shrinking when it is signalled."""
+    report, mark = tmp_path / "r.json", tmp_path / "bug-fired"
     args = ["check", "--adapter", "faulty_adapters:SlowBuggy", "--no-scenarios", "--quiet"]
-    run = kvspec(*args, "--report", str(report), "--cases-dir", str(tmp_path / "cases"), signals=[(2.5, sig)])
+    run = kvspec(
+        *args,
+        "--report",
+        str(report),
+        "--cases-dir",
+        str(tmp_path / "cases"),
+        signals=[(0.5, sig)],
+        from_file=mark,
+        env={"SLOW_BUGGY_MARK": str(mark)},
+    )
     assert run.code == 2, (run.code, run.out[-500:], run.err[-500:])
     data = _report(report)
     assert data["status"] == "interrupted"

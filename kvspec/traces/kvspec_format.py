@@ -114,14 +114,26 @@ _PLAIN: dict[Any, Callable[[str, object], object]] = {
 
 
 def _semantics_field(name: str, value: object, hint: Any) -> Any:
-    """``value`` checked against a field's annotation: a Literal's options, a plain type, or None when optional."""
+    """``value`` checked against a field's annotation: a Literal's options (a union of Literals is one Literal),
+    a plain type, or None when optional."""
     options = get_args(hint)
-    if get_origin(hint) is Literal:
-        return values.choice(name, value, options)
+    choices = _literal_options(hint)
+    if choices:
+        return values.choice(name, value, choices)
     if value is None and type(None) in options:
         return None
     read = next((_PLAIN[t] for t in (hint, *options) if t in _PLAIN), None)
     return value if read is None else read(name, value)
+
+
+def _literal_options(hint: Any) -> tuple[Any, ...]:
+    """The values a Literal, or a union made only of Literals, allows; () for any other annotation."""
+    if get_origin(hint) is Literal:
+        return get_args(hint)
+    parts = get_args(hint)
+    if parts and all(get_origin(part) is Literal for part in parts):
+        return tuple(option for part in parts for option in get_args(part))
+    return ()
 
 
 def _outcome(line: Line) -> Outcome:
