@@ -35,6 +35,7 @@ from .codec import event_from_json, event_to_json, observation_from_json, observ
 from .lines import Line, TraceFormatError
 from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
+from .seen import Seen
 
 TRACE_SCHEMA = 1
 DESCRIPTION = "kvspec's own trace"
@@ -114,10 +115,13 @@ _PLAIN: dict[Any, Callable[[str, object], object]] = {
 
 
 def _semantics_field(name: str, value: object, hint: Any) -> Any:
-    """``value`` checked against a field's annotation: a Literal's options, a plain type, or None when optional."""
+    """``value`` checked against a field's annotation: a Literal's options (of a union of Literals too: the
+    eviction orders and the radix ones), a plain type, or None when optional."""
     options = get_args(hint)
     if get_origin(hint) is Literal:
         return values.choice(name, value, options)
+    if options and all(get_origin(option) is Literal for option in options):
+        return values.choice(name, value, tuple(choice for option in options for choice in get_args(option)))
     if value is None and type(None) in options:
         return None
     read = next((_PLAIN[t] for t in (hint, *options) if t in _PLAIN), None)
@@ -195,6 +199,8 @@ def check(lines: list[Line], judge: Judge) -> None:
                 if inv.name not in OBSERVATION_FREE:
                     judge.unknown(inv.name, "the trace records no observation before and after a step")
         _measure(quality, line.number, op, outcome, events, before, after, config, semantics)
+        if judge.watch is not None:
+            judge.watch(Seen(line.number, f"L{line.number}", after, events, op, outcome))
         if judge.judge(line, step, results):
             return
         before = after
