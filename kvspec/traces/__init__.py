@@ -13,7 +13,8 @@ A format is one module of this package, listed in ``FORMATS``, with:
 ``DESCRIPTION`` (one line, for ``--help``), ``INVARIANTS`` (what it judges, in
 report order), ``recognizes(line) -> bool`` (whether a line is one of its
 records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``
-(``judge.options``: what the command line says about the pool).
+(``judge.options``: what the command line says about the pool; ``judge.watch``, when set,
+gets a :class:`Seen` per replayed line, for a picture: kvspec/traces/seen.py).
 """
 
 from __future__ import annotations
