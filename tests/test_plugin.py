@@ -95,7 +95,9 @@ def test_mine_conforms(kvspec_check):
     )
     pages = pytester.path / "pages"
     args = ["--kvspec-adapter=myalloc:Factory", "--kvspec-max-examples=100", "-p", "no:randomly"]
-    result = pytester.runpytest(*args, f"--kvspec-html={pages}")
+    # In a subprocess: drawing imports numpy and matplotlib, and an in-process run would unload them after it
+    # (pytester restores sys.modules), which numpy does not survive in the tests that run next.
+    result = pytester.runpytest_subprocess(*args, f"--kvspec-html={pages}")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*the run as a page: *myalloc_Factory.html*"])
     written = sorted(p.name for p in pages.iterdir())
