@@ -8,6 +8,7 @@ gives a running vLLM server (the kit's tiny one unless ``--kvspec-vllm-url``).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,12 +43,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--kvspec-vllm-events", default=None, help="vllm_live_server: its KV event PUB endpoint")
     group.addoption("--kvspec-vllm-replay", default=None, help="vllm_live_server: its KV event replay endpoint")
+    group.addoption(
+        "--kvspec-html",
+        default=None,
+        metavar="DIR",
+        help="write a failing check as one HTML page here, each case drawn as a block timeline (kvspec[show])",
+    )
 
 
 class ConformanceFailure(Exception):
-    def __init__(self, report: Report) -> None:
+    def __init__(self, report: Report, page: Path | None = None) -> None:
         self.report = report
-        super().__init__(report.table())
+        super().__init__(report.table() + (f"\nkvspec: the run as a page: {page}" if page is not None else ""))
 
 
 class KvspecItem(pytest.Item):
@@ -61,7 +68,7 @@ class KvspecItem(pytest.Item):
         result = _check(self.config, self.adapter, Path(str(self.config.rootpath)) / ".kvspec" / "cases")
         self.user_properties.append(("kvspec_status", result.status))
         if result.exit_code != 0:
-            raise ConformanceFailure(result)
+            raise ConformanceFailure(result, _page(self.config, self.adapter, result))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, ConformanceFailure):
@@ -72,8 +79,31 @@ class KvspecItem(pytest.Item):
         return self.path, None, f"kvspec conformance of {self.adapter}"
 
 
+def _name(adapter: str | AdapterFactory) -> str:
+    return adapter if isinstance(adapter, str) else getattr(adapter, "__name__", repr(adapter))
+
+
+def _page(config: pytest.Config, adapter: str | AdapterFactory, report: Report, stem: str = "") -> Path | None:
+    """With ``--kvspec-html DIR``: the failing run as DIR/<stem or adapter>.html, each saved case drawn; its path."""
+    folder = config.getoption("--kvspec-html")
+    if folder is None:
+        return None
+    from kvspec.show import write_report_html
+
+    path = Path(folder) / (re.sub(r"[^A-Za-z0-9_.-]+", "_", stem or _name(adapter)).strip("_.") + ".html")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        factory = load(adapter) if isinstance(adapter, str) else adapter
+    except AdapterLoadError:
+        factory = None
+    live = "live" in report.sections
+    timeout = config.getoption("--kvspec-step-timeout")
+    write_report_html(path, report, None if live else factory, step_timeout=timeout)
+    return path
+
+
 def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Report:
-    name = adapter if isinstance(adapter, str) else getattr(adapter, "__name__", repr(adapter))
+    name = _name(adapter)
     options = Options(
         profile=config.getoption("--kvspec-profile"),
         seed=config.getoption("--kvspec-seed"),
@@ -95,6 +125,12 @@ def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--kvspec-html", default=None) is not None:
+        from kvspec.show import matplotlib_missing
+
+        missing = matplotlib_missing()
+        if missing is not None:
+            raise pytest.UsageError(f"--kvspec-html: {missing}")
     adapters = config.getoption("--kvspec-adapter", default=[]) or []
     if adapters and str(config.rootpath) not in sys.path:
         sys.path.insert(0, str(config.rootpath))  # the user's repo: pkg.module:Factory resolves as in its tests
@@ -119,7 +155,8 @@ def kvspec_check(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[st
     def check(adapter: str | AdapterFactory) -> Report:
         report = _check(request.config, adapter, tmp_path / "cases")
         if report.exit_code != 0:
-            pytest.fail(report.table(), pytrace=False)
+            page = _page(request.config, adapter, report, stem=request.node.nodeid)
+            pytest.fail(report.table() + (f"\nkvspec: the run as a page: {page}" if page else ""), pytrace=False)
         return report
 
     return check

@@ -236,3 +236,26 @@ def test_the_example_database_replays_a_failure_first(tmp_path: Path) -> None:
     assert second.status == "violated" and second.failure is not None
     assert second.tally.first_failure_at == (1, second.tally.first_failure_at[1])  # its very first example
     assert second.failure.invariant == first.failure.invariant
+
+
+def test_gate_html_draws_each_new_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kvspec gate --html``: one page with the adapter's verdict on the baseline and its new violation's case
+    replayed on the adapter and drawn, the violating cell marked; a known one is listed and not drawn."""
+    from kvspec.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    page = tmp_path / "gate.html"
+    argv = ["gate", "--adapter", "seeded_bugs:forget_decrement", "--max-examples", "30", "--safety-only"]
+    argv += ["--no-example-db", "--html", str(page)]
+    assert main(argv) == 1
+    result = json.loads((tmp_path / ".kvspec" / "gate.json").read_text())
+    [new] = result["adapters"][0]["new"]
+    text = page.read_text()
+    assert f"{new['invariant']} ({new['fingerprint']})" in text and "New violations (1)" in text
+    assert text.count('<figure class="timeline"') == 1 and "c0p1-violation-" in text
+    assert f'id="a0-verdict-{new["invariant"]}"><td>{new["invariant"]}</td>' in text
+
+    assert main(["baseline", "add", new["case"], "--reason", "seeded", "--baseline", "base.json"]) == 0
+    assert main([*argv, "--baseline", "base.json"]) == 0
+    text = page.read_text()
+    assert "New violations (0)" in text and '<figure class="timeline"' not in text and "seeded" in text

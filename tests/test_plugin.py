@@ -77,3 +77,33 @@ def test_registry_finds_a_third_party_entry_point(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(registry, "entry_points", lambda group: [fake] if group == "kvspec.adapters" else [])
     assert "their-engine" in registry.available()
     assert registry.load("their-engine") is ReferencePagedAdapter
+
+
+def test_plugin_writes_a_failing_check_as_a_page(pytester: pytest.Pytester) -> None:
+    """``--kvspec-html DIR``: the failing item's run as DIR/<adapter>.html with its case drawn, and the fixture's
+    failing check as DIR/<test id>.html; a passing check writes nothing."""
+    pytester.makepyfile(
+        myalloc=BUGGY_MODULE,
+        test_mine="""
+def test_reference_conforms(kvspec_check):
+    kvspec_check("reference")
+
+def test_mine_conforms(kvspec_check):
+    from myalloc import Factory
+    kvspec_check(Factory)
+""",
+    )
+    pages = pytester.path / "pages"
+    args = ["--kvspec-adapter=myalloc:Factory", "--kvspec-max-examples=100", "-p", "no:randomly"]
+    # In a subprocess: drawing imports numpy and matplotlib, and an in-process run would unload them after it
+    # (pytester restores sys.modules), which numpy does not survive in the tests that run next.
+    result = pytester.runpytest_subprocess(*args, f"--kvspec-html={pages}")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*the run as a page: *myalloc_Factory.html*"])
+    written = sorted(p.name for p in pages.iterdir())
+    assert written == ["myalloc_Factory.html", "test_mine.py_test_mine_conforms.html"], written
+    for name in written:
+        text = (pages / name).read_text()
+        assert 'id="verdict-ref_count_matches_references"><td>ref_count_matches_references' in text
+        assert '<td class="violated">violated</td>' in text
+        assert text.count('<figure class="timeline"') >= 1 and "c0p1-violation-" in text

@@ -114,3 +114,38 @@ def test_a_case_page_matches_its_reference_screenshot(browser: Any, tmp_path: Pa
     far = sum(histogram[48:]) / pixels
     # Antialiasing may differ between Chromium builds; a moved or missing mark does not fit these bounds.
     assert mean < 1.0 and far < 0.002, f"mean difference {mean:.2f}, {far:.2%} of pixels far off"
+
+
+def test_a_trace_page_renders_its_window_and_overview_with_no_console_error(browser: Any, tmp_path: Path) -> None:
+    """A real live log with one stored block taken out: its page shows the overview of every line (an image inside
+    the SVG, allowed by the page's CSP as data:) and the failing window, the mark on the removed hash's cell."""
+    import json
+
+    records = [json.loads(line) for line in (DATA.parent / "vllm_live_cpu.jsonl").read_text().splitlines()]
+    removed = {
+        h for r in records for e in r.get("events", ()) if e["type"] == "BlockRemoved" for h in e["block_hashes"]
+    }
+    record = next(r for r in records if any(set(e.get("block_hashes", ())) & removed for e in r.get("events", ())))
+    record["events"] = [
+        e for e in record["events"] if not (e["type"] == "BlockStored" and set(e["block_hashes"]) & removed)
+    ]
+    log, html = tmp_path / "live.jsonl", tmp_path / "trace.html"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["trace", "check", str(log), "--html", str(html)]) == ExitCode.VIOLATED
+    page = Page(browser, html)
+    assert page.errors == []
+    assert page.page.locator("figure.timeline").count() == 1
+    overview = page.box("figure#case-0-overview svg")
+    assert overview["width"] > 400 and overview["height"] > 100
+    shot = tmp_path / "overview.png"
+    page.page.locator("figure#case-0-overview svg").screenshot(path=str(shot))
+    data = Image.open(shot).convert("RGB").tobytes()
+    rgb = zip(data[0::3], data[1::3], data[2::3], strict=True)
+    cached = sum(1 for r, g, b in rgb if abs(r - 0xA8) < 12 and abs(g - 0xD5) < 12 and abs(b - 0xA2) < 12)
+    assert cached > 500  # the raster of every line (a data: image) was loaded and drawn, not blocked
+    mark = page.page.locator("[id^='c0p0-violation-']:not([id*='band'])").first
+    mark_id = mark.get_attribute("id")
+    assert mark_id is not None and not mark_id.startswith("c0p0-violation-col")
+    row, col = mark_id.rsplit("-", 2)[1:]
+    assert on(page.box(f"[id='{mark_id}']"), page.box(f"[id='c0p0-cell-{row}-{col}']"))
+    assert page.page.locator("#verdict-removed_was_cached .violated").count() == 1

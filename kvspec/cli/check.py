@@ -107,15 +107,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def write_html(args: argparse.Namespace, report: Report, factory: AdapterFactory | None) -> None:
-    """The run as one HTML page (``--html``), each saved case replayed on the adapter and drawn; live runs' cases
-    are recorded logs, drawn without a replay."""
+    """The run as one HTML page (``--html``), each saved case replayed on the adapter and drawn; a live run's cases
+    are the logs it recorded, checked and drawn as traces (with the whole run's ``--record`` log when there is one)."""
     if args.html is None:
         return
     from kvspec.show import write_report_html
 
     live = "live" in report.sections
     refine = not getattr(args, "safety_only", False)
-    write_report_html(args.html, report, None if live else factory, refine=refine, step_timeout=args.step_timeout)
+    record = getattr(args, "record", None)
+    logs = [record] if live and record is not None and record.is_file() else []
+    write_report_html(
+        args.html, report, None if live else factory, refine=refine, step_timeout=args.step_timeout, logs=logs
+    )
 
 
 def check_interrupted(args: argparse.Namespace) -> None:

@@ -38,6 +38,9 @@ def register(sub: Any) -> None:
     gate.add_argument(
         "--summary", type=Path, default=None, help="Markdown summary (also appended to $GITHUB_STEP_SUMMARY)"
     )
+    gate.add_argument(
+        "--html", type=Path, default=None, help="one self-contained page, each new violation drawn (kvspec[show])"
+    )
     gate.set_defaults(handler=cmd_gate)
 
     baseline = sub.add_parser("baseline", help="manage the known violations a gate tolerates")
@@ -89,6 +92,7 @@ def _config(args: argparse.Namespace) -> Any:
             ("report", args.report),
             ("junit", args.junit),
             ("summary", args.summary),
+            ("html", args.html),
         )
         if value is not None
     }
@@ -114,7 +118,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
         config = _config(args)
     except GateConfigError as exc:
         return fail(str(exc))
-    problem = unwritable(config.report, config.junit, config.summary)
+    problem = unwritable(config.report, config.junit, config.summary, config.html)
+    if problem is None and config.html is not None:
+        from kvspec.show import matplotlib_missing
+
+        problem = matplotlib_missing()
     if problem is not None:
         return fail(problem)
     try:

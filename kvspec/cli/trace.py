@@ -36,6 +36,13 @@ def register(subparsers: Any) -> None:
         + f"; {AUTO} (default): from the first line",
     )
     check.add_argument("--report", type=Path, default=None, help="write the JSON report (as kvspec check) here")
+    check.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        help="write the check as one self-contained HTML page with the block timeline of the failing window "
+        "(or of the whole trace when it holds) here (kvspec[show])",
+    )
     check.add_argument("--context", type=int, default=3, help="lines shown before the first violation (default 3)")
     check.add_argument(
         "--capacity",
@@ -80,23 +87,44 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    if args.report is not None:
-        try:
-            jsonio.ensure_writable(args.report)
-        except OSError as exc:
-            return fail(f"{args.report}: cannot write the report: {exc}")
+    for path, what in ((args.report, "the report"), (args.html, "the page")):
+        if path is not None:
+            try:
+                jsonio.ensure_writable(path)
+            except OSError as exc:
+                return fail(f"{path}: cannot write {what}: {exc}")
+    if args.html is not None:
+        from kvspec.show import matplotlib_missing
+
+        problem = matplotlib_missing()
+        if problem is not None:
+            return fail(problem)
     if args.capacity is not None:
         try:
             values.blocks("--capacity", args.capacity)
         except ValueError as exc:
             return fail(str(exc))
     options = TraceOptions(capacity=args.capacity, policy=args.policy)
-    result = check_trace(args.file, args.format, context=max(args.context, 0), options=options)
+    traced = None
+    if args.html is not None:  # the same check, keeping what each line leaves for the picture
+        from kvspec.show import trace as shown_trace
+
+        traced = shown_trace.check(args.file, args.format, context=max(args.context, 0), options=options)
+        result = traced.result
+    else:
+        result = check_trace(args.file, args.format, context=max(args.context, 0), options=options)
     report = result.report()
     try:
         report.write(args.report)
     except OSError as exc:
         return fail(f"{args.report}: cannot write the report: {exc}")
+    if traced is not None:
+        from kvspec.show import write_trace_html
+
+        try:
+            write_trace_html(args.html, traced)
+        except OSError as exc:
+            return fail(f"{args.html}: cannot write the page: {exc}")
     print(report.table())
     if result.status == "error":
         where = f":{result.error_line}" if result.error_line is not None else ""

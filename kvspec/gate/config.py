@@ -15,6 +15,7 @@
     report = ".kvspec/gate.json"
     junit = ".kvspec/gate.xml"
     summary = ".kvspec/gate.md"           # $GITHUB_STEP_SUMMARY is appended to as well when set
+    html = ".kvspec/gate.html"            # none by default: one page, new violations drawn (kvspec[show])
 
     [[tool.kvspec.adapters]]              # at least one
     name = "tinyalloc"                    # a registered name, an entry point, or "pkg.mod:Factory"
@@ -67,6 +68,7 @@ class GateConfig:
     report: Path | None = Path(".kvspec/gate.json")
     junit: Path | None = Path(".kvspec/gate.xml")
     summary: Path | None = Path(".kvspec/gate.md")
+    html: Path | None = None
     source: Path | None = None
     defaults: AdapterRun = field(default_factory=lambda: AdapterRun(""))
 
@@ -86,6 +88,7 @@ _PATH_KEYS = {
     "report": "report",
     "junit": "junit",
     "summary": "summary",
+    "html": "html",
 }
 
 

@@ -282,8 +282,39 @@ def _entry_json(entry: Entry) -> dict[str, Any]:
     return {"invariant": entry.invariant, "fingerprint": entry.fingerprint, "reason": entry.reason}
 
 
+def gate_html(result: GateResult, factories: dict[str, Any] | None = None) -> str:
+    """The gate as one page (kvspec[show]): per adapter its verdict on the baseline and its run's verdicts, each
+    new violation's case replayed on the adapter (``factories``: loaded by name when absent) and drawn."""
+    from kvspec.show import GatePart, gate_page, load_shown, versions
+
+    parts, index = [], 0
+    for v in result.verdicts:
+        factory = (factories or {}).get(v.run.name)
+        if factory is None and v.new:
+            try:
+                factory = load(v.run.name)
+            except AdapterLoadError:
+                factory = None
+        cases = []
+        for _, _, case in v.new:
+            if case:
+                cases.append(
+                    load_shown(index, case, factory, refine=not v.run.safety_only, step_timeout=v.run.step_timeout)
+                )
+                index += 1
+        counts = {
+            "new": "; ".join(f"{inv} ({fp})" for inv, fp, _ in v.new) or "none",
+            "known": "; ".join(f"{e.invariant} ({e.reason})" for e in v.known) or "none",
+            "fixed": "; ".join(e.invariant for e in v.fixed) or "none",
+        }
+        parts.append(GatePart(v.report, v.status, counts, cases))
+    return gate_page("kvspec gate", result.status_line(), parts, versions())
+
+
 def write_outputs(result: GateResult, config: GateConfig, summary_env: str | None) -> None:
-    """The JSON, JUnit and Markdown the config asks for; the summary is appended to ``summary_env`` too."""
+    """The JSON, JUnit, Markdown and HTML the config asks for; the summary is appended to ``summary_env`` too."""
+    if config.html is not None:
+        jsonio.write_text(config.html, gate_html(result))
     if config.report is not None:
         jsonio.write(config.report, result.to_json())
     if config.junit is not None:
@@ -296,4 +327,4 @@ def write_outputs(result: GateResult, config: GateConfig, summary_env: str | Non
             f.write(text)
 
 
-__all__ = ["GATE_SCHEMA", "AdapterVerdict", "GateResult", "run_gate", "write_outputs"]
+__all__ = ["GATE_SCHEMA", "AdapterVerdict", "GateResult", "gate_html", "run_gate", "write_outputs"]

@@ -18,9 +18,10 @@ from kvspec.report import Report
 from kvspec.spec import Semantics
 
 from .draw import FORMATS, Picture, draw, matplotlib_missing
-from .page import Shown, case_page, report_page, versions
+from .page import GatePart, Shown, case_page, gate_page, report_page, versions
 from .replay import Broken, Run, replay, semantics_of
 from .timeline import Timeline, timelines
+from .trace import TraceCheck
 
 
 def picture(
@@ -75,6 +76,41 @@ def write_case(path: Path, name: str, runs: Sequence[Run], pic: Picture) -> None
         pic.save(path)
 
 
+def report_html(report: Report, cases: Sequence[Shown]) -> str:
+    """The run as one page: verdicts, coverage, policy quality, the cases as given (drawn or said why not)."""
+    from .plots import coverage_chart, quality_chart
+
+    quality = next((f for f in report.findings if f.get("kind") == "policy_quality" and f.get("series")), None)
+    return report_page(
+        report,
+        cases,
+        versions(report.adapter, report.adapter_version),
+        coverage_svg=coverage_chart(report.coverage).svg() if report.coverage else "",
+        quality_svg=quality_chart(quality["series"]).svg() if quality is not None else "",
+    )
+
+
+def load_shown(
+    index: int, name: str, factory: AdapterFactory | None, *, refine: bool = True, step_timeout: float | None = 30.0
+) -> Shown:
+    """A saved case drawn (replayed on the adapter) by its path, or a live run's recorded log drawn as a trace;
+    a file that cannot be read is said, not raised."""
+    if name.endswith(".jsonl"):
+        return recorded_log(index, Path(name))
+    try:
+        case = Case.load(Path(name))
+    except (OSError, ValueError) as exc:
+        return Shown(name, [], problem=f"the case file could not be read: {exc}")
+    return shown(name, case, factory, refine=refine, step_timeout=step_timeout, prefix=f"c{index}")
+
+
+def recorded_log(index: int, path: Path, *, name: str = "") -> Shown:
+    """A live run's recorded log (vLLM's KV events, requests and gauges) checked and drawn as a trace."""
+    from . import trace
+
+    return trace.shown(trace.check(path, "vllm-events"), prefix=f"c{index}", name=name or str(path))
+
+
 def write_report_html(
     path: Path,
     report: Report,
@@ -82,31 +118,29 @@ def write_report_html(
     *,
     refine: bool = True,
     step_timeout: float | None = 30.0,
+    logs: Sequence[Path] = (),
 ) -> None:
-    """The run as one page: verdicts, coverage, policy quality, every saved case replayed and drawn."""
-    from .plots import coverage_chart, quality_chart
+    """The run as one page, every saved case drawn: a case replayed on the adapter, a live run's recorded log
+    (a ``.jsonl`` case, and each of ``logs``: what ``--record`` kept) drawn from what the server published."""
+    names = [*report.cases, *map(str, logs)]
+    cases = [load_shown(i, name, factory, refine=refine, step_timeout=step_timeout) for i, name in enumerate(names)]
+    jsonio.write_text(path, report_html(report, cases))
 
-    cases: list[Shown] = []
-    for i, name in enumerate(report.cases):
-        try:
-            case = Case.load(Path(name))
-        except (OSError, ValueError) as exc:
-            cases.append(Shown(name, [], problem=f"the case file could not be read: {exc}"))
-            continue
-        cases.append(shown(name, case, factory, refine=refine, step_timeout=step_timeout, prefix=f"c{i}"))
-    quality = next((f for f in report.findings if f.get("kind") == "policy_quality" and f.get("series")), None)
-    page = report_page(
-        report,
-        cases,
-        versions(report.adapter, report.adapter_version),
-        coverage_svg=coverage_chart(report.coverage).svg() if report.coverage else "",
-        quality_svg=quality_chart(quality["series"]).svg() if quality is not None else "",
-    )
-    jsonio.write_text(path, page)
+
+def write_trace_html(path: Path, traced: TraceCheck) -> None:
+    """A checked trace as one page: its verdicts, coverage and findings, and its timeline (the failing window, or
+    the whole trace when it holds; a long one also as an overview of every line)."""
+    from . import trace
+
+    jsonio.write_text(path, report_html(traced.result.report(), [trace.shown(traced, prefix="c0")]))
 
 
 __all__ = [
     "FORMATS",
+    "GatePart",
+    "gate_page",
+    "versions",
+    "load_shown",
     "Broken",
     "draw",
     "replay",
@@ -118,8 +152,12 @@ __all__ = [
     "matplotlib_missing",
     "picture",
     "semantics_of",
+    "recorded_log",
+    "report_html",
     "shown",
+    "TraceCheck",
     "verdict",
     "write_case",
     "write_report_html",
+    "write_trace_html",
 ]

@@ -101,6 +101,13 @@ def op_label(index: int, op: Op, outcome: str | None) -> str:
     return f"{index}. {op.op}\n{line2}{status}" if line2 else f"{index}. {op.op}{status}"
 
 
+def _label(index: int, op: Op | str, outcome: str | None) -> str:
+    """A column's label: an op's (:func:`op_label`), or a trace line's own, with its outcome when not ok."""
+    if isinstance(op, Op):
+        return op_label(index, op, outcome)
+    return op + ("" if outcome in (None, "ok") else f"\n{outcome}")
+
+
 def _hatch(cell: Cell | None) -> str | None:
     """The cell's hatch: //// when it was evicted in this op, \\\\ when it was reclaimed."""
     if cell is None or cell.left is None:
@@ -117,8 +124,10 @@ def _fill(cell: Cell | None, colors: dict[str, str]) -> str:
     return CACHED if cell.state == "cached" else FREE
 
 
-def draw(grids: Sequence[Timeline], ops: Sequence[Op], *, title: str = "", prefix: str = "", dpi: int = DPI) -> Picture:
-    """Draw ``grids`` one above the other (the spec first), over the same ``ops``."""
+def draw(
+    grids: Sequence[Timeline], ops: Sequence[Op] | Sequence[str], *, title: str = "", prefix: str = "", dpi: int = DPI
+) -> Picture:
+    """Draw ``grids`` one above the other (the spec first), over the same ``ops`` (or a trace's column labels)."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
@@ -156,7 +165,7 @@ def draw(grids: Sequence[Timeline], ops: Sequence[Op], *, title: str = "", prefi
 def _verdict(grid: Timeline, panel: int, width: int) -> list[str]:
     """The panel's verdict line, wrapped to the figure's width (at most three lines)."""
     if grid.broken is not None:
-        text = f"step {grid.broken.step}: {grid.broken.message}"
+        text = f"{grid.broken.at or f'step {grid.broken.step}'}: {grid.broken.message}"
     else:
         text = "the spec's replay" if panel == 0 and grid.label.startswith("spec") else "every invariant held"
     lines = textwrap.wrap(text, max(width, 30), max_lines=3, placeholder=" ...")
@@ -166,7 +175,7 @@ def _verdict(grid: Timeline, panel: int, width: int) -> list[str]:
 def _panel(
     ax: Axes,
     grid: Timeline,
-    ops: Sequence[Op],
+    ops: Sequence[Op] | Sequence[str],
     prefix: str,
     panel: int,
     colors: dict[str, str],
@@ -238,7 +247,7 @@ def _panel(
             va="center",
         )
         outcome = grid.outcomes[col] if col < len(grid.outcomes) else None
-        label = op_label(col, ops[col], outcome) if col < len(ops) else ""
+        label = _label(col, ops[col], outcome) if col < len(ops) else ""
         if outcome is None and col < len(ops):
             label += "\n(no answer)"
         hot = grid.broken is not None and grid.broken.step == col

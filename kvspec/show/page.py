@@ -28,7 +28,8 @@ table { border-collapse: collapse; font-size: 0.85em; } td, th { border: 1px sol
 th { background: #f4f4f4; text-align: left; } td.n { text-align: right; }
 .held { color: #1a7f37; } .violated { color: #d62728; font-weight: bold; } .unknown { color: #777; }
 .status-passed { color: #1a7f37; } .status-violated, .status-error, .status-interrupted { color: #d62728; }
-figure.timeline { margin: 1em 0; overflow-x: auto; } figure.timeline svg { display: block; }
+figure.timeline, figure.overview { margin: 1em 0; overflow-x: auto; }
+figure.timeline svg, figure.overview svg { display: block; }
 pre { font-size: 0.8em; background: #f8f8f8; padding: 0.5em; overflow-x: auto; }
 .legend span { display: inline-block; padding: 1px 6px; margin-right: 6px; border: 1px solid #bbb; font-size: 0.8em; }
 """
@@ -46,10 +47,11 @@ class Shown:
     """One case as a page shows it: where it came from, its ops, its timeline (SVG) or why there is none."""
 
     name: str
-    ops: Sequence[Op]
+    ops: Sequence[Op] | Sequence[str]  # a trace's: its drawn lines' labels
     svg: str = ""
     verdict: str = ""
     problem: str = ""  # why no timeline could be drawn
+    overview: str = ""  # a long trace: every line as a pixel column (SVG), the drawn window marked
 
 
 def versions(adapter: str = "", adapter_version: str = "") -> dict[str, str]:
@@ -94,10 +96,12 @@ def _table(pairs: Mapping[str, object]) -> str:
 
 
 def _case(index: int, shown: Shown) -> str:
-    ops = "\n".join(f"{i:>3}. {op}" for i, op in enumerate(shown.ops))
+    ops = "\n".join(op.replace("\n", " ") if isinstance(op, str) else f"{i:>3}. {op}" for i, op in enumerate(shown.ops))
     parts = [f'<h3 id="case-{index}-title">{_e(shown.name)}</h3>']
     if shown.verdict:
         parts.append(f'<p class="{"violated" if "VIOLATED" in shown.verdict else "held"}">{_e(shown.verdict)}</p>')
+    if shown.overview:
+        parts.append(f'<figure class="overview" id="case-{index}-overview">{shown.overview}</figure>')
     if shown.svg:
         parts.append(f'<figure class="timeline" id="case-{index}">{shown.svg}</figure>')
     else:
@@ -152,7 +156,7 @@ def report_page(
     return _page(report.title or "kvspec report", [b for b in body if b])
 
 
-def _verdicts(report: Report) -> str:
+def _verdicts(report: Report, prefix: str = "") -> str:
     head = "<tr><th>invariant</th><th>kind</th><th>verdict</th><th>steps</th><th>first violation / reason</th></tr>"
     rows = []
     for row in report.rows:
@@ -163,11 +167,11 @@ def _verdicts(report: Report) -> str:
         else:
             detail = row.reason or ""
         rows.append(
-            f'<tr id="verdict-{_e(row.name)}"><td>{_e(row.name)}</td><td>{_e(row.kind)}</td>'
+            f'<tr id="{prefix}verdict-{_e(row.name)}"><td>{_e(row.name)}</td><td>{_e(row.kind)}</td>'
             f'<td class="{row.verdict}">{row.verdict}</td><td class="n">{row.checked_steps}</td>'
             f"<td>{_e(detail)}</td></tr>"
         )
-    return f'<table id="verdicts">{head}{"".join(rows)}</table>'
+    return f'<table id="{prefix}verdicts">{head}{"".join(rows)}</table>'
 
 
 def _coverage(coverage: Mapping[str, int], svg: str) -> str:
@@ -204,4 +208,37 @@ def _sections(report: Report) -> list[str]:
     return ["<h2>Details</h2>", f"<pre>{_e(json.dumps(report.sections, indent=1, default=str))}</pre>"]
 
 
-__all__ = ["Shown", "case_page", "report_page", "versions"]
+@dataclass(frozen=True)
+class GatePart:
+    """One adapter through the gate, as its page shows it: its verdict on the baseline, its run, its new cases."""
+
+    report: Report
+    status: str
+    counts: Mapping[str, object]  # new, known, fixed, and which
+    cases: Sequence[Shown]
+
+
+def gate_page(title: str, status: str, parts: Sequence[GatePart], about: Mapping[str, str]) -> str:
+    """The gate as one page: its status line, then per adapter its verdict on the baseline, its verdict table,
+    and each new violation's case drawn (known violations are listed, not drawn: they fail nothing)."""
+    body = [f"<h1>{_e(title)}</h1>", f'<p id="status">{_e(status)}</p>']
+    if any(c.svg for part in parts for c in part.cases):
+        body.append(LEGEND)
+    index = 0
+    for k, part in enumerate(parts):
+        report = part.report
+        body += [
+            f'<h2 id="adapter-{k}">{_e(report.adapter)} {_e(report.adapter_version)}: '
+            f'<span class="status-{_e(part.status)}">{_e(part.status)}</span></h2>',
+            _table({**part.counts, "profile": report.profile, "examples": report.examples, "steps": report.steps}),
+            _verdicts(report, f"a{k}-"),
+            f"<h3>New violations ({len(part.cases)})</h3>",
+        ]
+        for shown in part.cases:
+            body.append(_case(index, shown))
+            index += 1
+    body += ["<h2>Versions</h2>", _table(about)]
+    return _page(title, body)
+
+
+__all__ = ["GatePart", "Shown", "case_page", "gate_page", "report_page", "versions"]

@@ -9,6 +9,7 @@ the violating step is drawn as the adapter showed it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +22,17 @@ from kvspec.stateful_tests import AdapterHung, Harness, Violation
 
 @dataclass(frozen=True)
 class Frame:
-    """One op and what the implementation showed after it: its outcome, its events, its ledger."""
+    """One op and what the implementation showed after it: its outcome, its events, its ledger.
 
-    op: Op
+    A trace's line that is no op (a block event of a log) has ``op`` None; ``notes`` say per object what a
+    trace records beside the ledger (a recorded state, a block's tokens), drawn where a cell has no tokens.
+    """
+
+    op: Op | None
     outcome: Outcome
     events: tuple[Event, ...]
     obs: Observation
+    notes: Mapping[Hashable, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class Broken:
     step: int
     invariant: str
     failures: dict[str, list[str]]
+    at: str = ""  # where, as the source says it ("line 8" of a trace); "step N" when empty
 
     @property
     def message(self) -> str:
@@ -49,15 +56,17 @@ class Run:
     """A case replayed on one implementation: a frame per op that answered, and where it broke (None: it held).
 
     ``frames`` may be shorter than the ops when the implementation raised or hung: the
-    op at ``len(frames)`` is the one that did not answer.
+    op at ``len(frames)`` is the one that did not answer. A trace's run has a column label
+    per line instead of ops, and ``known_capacity`` False where the log does not give its pool.
     """
 
     label: str
     config: Config
     semantics: Semantics
-    ops: list[Op]
+    ops: list[Op] | list[str]
     frames: list[Frame] = field(default_factory=list)
     broken: Broken | None = None
+    known_capacity: bool = True
 
 
 class _Recording(IsolatedAdapter):

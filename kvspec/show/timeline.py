@@ -37,6 +37,7 @@ class Cell:
     size: int = 1
     left: str | None = None  # "evict" or "reclaim": it left the cache during this op
     shared: bool = False  # a request took a reference on it during this op while it was already cached or held
+    note: str | None = None  # what a trace records beside the ledger (a state, a hash, tokens): shown without tokens
 
     def signature(self) -> tuple[object, ...] | None:
         """What must match between two implementations (object ids differ between them); None for a free cell."""
@@ -69,7 +70,7 @@ class Timeline:
         oid = self.rows[row]
         if isinstance(oid, tuple):  # a record or entry, keyed by its prompt
             return "prompt " + _short(oid)
-        name = repr(oid) if len(repr(oid)) <= 14 else repr(oid)[:12] + "..."
+        name = repr(oid) if len(repr(oid)) <= 12 else "#" + repr(oid)[:8] + "..."  # a hash: its first digits
         return f"block {name}" if self.granularity == "block" else f"object {name}"
 
 
@@ -82,10 +83,10 @@ def cell_text(cell: Cell) -> str:
     """The words inside a cell: who holds it and its ref count, or cached, and its tokens."""
     if cell.state == "free":
         return cell.left or ""
-    tokens = "" if cell.tokens is None else _short(cell.tokens, 4)
+    tokens = (cell.note or "") if cell.tokens is None else _short(cell.tokens, 4)
     if cell.state == "held":
-        who = ",".join(dict.fromkeys(req for req, _ in cell.holders)) or "?"
-        head = f"{who} x{cell.ref_count}" + (" #" if cell.cached else "")
+        who = ",".join(dict.fromkeys(req for req, _ in cell.holders))  # none in a block-event log: it has no requests
+        head = f"{who} x{cell.ref_count}".strip() + (" #" if cell.cached else "")
     else:
         head = "cached"
     if cell.size != 1:
@@ -101,8 +102,12 @@ def _rows(run: Run) -> list[Hashable]:
             seen.setdefault(oid, None)
         for event in frame.events:
             seen.setdefault(event.oid, None)
-    oids = list(seen)
-    if all(isinstance(o, int) and not isinstance(o, bool) for o in oids):
+    return in_order(list(seen))
+
+
+def in_order(oids: list[Hashable]) -> list[Hashable]:
+    """Objects in the order they were first seen, block ids (small integers) in numeric order; hashes stay as seen."""
+    if all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 2**32 for o in oids):
         return sorted(oids)  # type: ignore[type-var]
     return oids
 
@@ -172,6 +177,7 @@ def build(run: Run) -> Timeline:
                 view.size,
                 left.get(oid),
                 shared,
+                frame.notes.get(oid),
             )
         previous = obs
     answered = len(run.frames)
@@ -199,9 +205,9 @@ _LISTS = re.compile(r"(?:objects|entries|blocks) ([\[(][^\[\]()]*[\])])")
 
 def names(text: str, oid: Hashable) -> bool:
     """Whether a problem text names object ``oid`` (``object 3``, ``block 3`` but not ``block 3 of r0``: a position,
-    or inside ``objects (3, 4)``)."""
+    ``hash 3`` as the stream checks name a block, or inside ``objects (3, 4)``)."""
     r = re.escape(repr(oid))
-    if re.search(rf"\b(?:object|block) {r}(?![\w.])(?! of )", text):
+    if re.search(rf"\b(?:object|block|hash) {r}(?![\w.])(?! of )", text):
         return True
     return any(repr(oid) in (part.strip() for part in m.group(1)[1:-1].split(",")) for m in _LISTS.finditer(text))
 
@@ -245,4 +251,4 @@ def timelines(runs: Sequence[Run]) -> list[Timeline]:
     return grids
 
 
-__all__ = ["Cell", "Timeline", "build", "cell_text", "compare", "names", "timelines"]
+__all__ = ["Cell", "Timeline", "build", "cell_text", "compare", "in_order", "names", "timelines"]

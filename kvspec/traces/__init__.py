@@ -13,7 +13,8 @@ A format is one module of this package, listed in ``FORMATS``, with:
 ``DESCRIPTION`` (one line, for ``--help``), ``INVARIANTS`` (what it judges, in
 report order), ``recognizes(line) -> bool`` (whether a line is one of its
 records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``
-(``judge.options``: what the command line says about the pool).
+(``judge.options``: what the command line says about the pool; ``judge.watch``, when set,
+gets a :class:`Seen` per replayed line, for a picture: kvspec/traces/seen.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from types import ModuleType
 from . import kvfabric, kvspec_format, side_table, vllm_events
 from .lines import Line, TraceFormatError, read_lines
 from .result import Judge, TraceInvariant, TraceOptions, TraceResult, TraceViolation
+from .seen import Seen, Watch
 
 FORMATS: dict[str, ModuleType] = {
     "kvspec": kvspec_format,
@@ -66,11 +68,19 @@ def _replay(module: ModuleType, lines: list[Line], judge: Judge) -> None:
         raise TraceFormatError(None, f"{nothing} that could be checked: no step was replayed")
 
 
-def check_trace(path: Path | str, fmt: str, *, context: int = 3, options: TraceOptions | None = None) -> TraceResult:
+def check_trace(
+    path: Path | str,
+    fmt: str,
+    *,
+    context: int = 3,
+    options: TraceOptions | None = None,
+    watch: Watch | None = None,
+) -> TraceResult:
     """Check the trace at ``path`` in format ``fmt`` (a FORMATS name, or AUTO); exit_code is 0, 1 or 2.
 
     ``context``: how many lines before the first violation the result keeps; ``options``: the
-    pool size and policy given on the command line, for logs that do not say them.
+    pool size and policy given on the command line, for logs that do not say them; ``watch``:
+    called with what each line leaves (:class:`Seen`), the violating line included, for a picture.
     """
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -82,7 +92,7 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3, options: TraceO
         if fmt == AUTO:
             result.fmt = _detect(lines)
             result.invariants = FORMATS[result.fmt].INVARIANTS
-        judge = Judge(result, lines, context, options)
+        judge = Judge(result, lines, context, options, watch)
         _replay(FORMATS[result.fmt], lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line
@@ -100,11 +110,13 @@ def check_trace(path: Path | str, fmt: str, *, context: int = 3, options: TraceO
 __all__ = [
     "AUTO",
     "FORMATS",
+    "Seen",
     "TraceFormatError",
     "TraceInvariant",
     "TraceOptions",
     "TraceResult",
     "TraceViolation",
+    "Watch",
     "check_trace",
     "detect_format",
 ]

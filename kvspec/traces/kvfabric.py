@@ -25,15 +25,18 @@ The file's tracker runs are kept apart: the writer appends, so a second ``tracke
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from kvspec.spec import Event
 
 from . import values
 from .lines import Line, TraceFormatError
 from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
+from .seen import LEAVING, Pool, Seen, block_pool, look, short
 
 DESCRIPTION = "the KVFabric vLLM overlay's lifecycle log (kvfabric_lifecycle.jsonl)"
 
@@ -542,6 +545,39 @@ class KVFabricReplay:
         )
 
 
+# Event names as a column of a picture shows them (the long ones cut).
+_SHORT = {"eviction_candidates_ranked": "ranked", "cache_admission_limited": "admission_limited"}
+
+
+def seen(line: Line, run: _Run | None) -> Seen:
+    """The line and the pool the replay holds after it: every block with a reference or a hash, its recorded state."""
+    name = str(line.data.get("event"))
+    label = f"L{line.number} {_SHORT.get(name, name.removeprefix('block_'))}"
+    block_id = line.data.get("block_id")
+    touched = isinstance(block_id, int) and not isinstance(block_id, bool)
+    if touched:
+        label += f"\nblock {block_id}"
+    blocks, capacity = ({}, None) if run is None else (run.blocks, run.capacity)
+    events = (Event("evict", block_id),) if name == "block_evicted" and touched else ()
+    changed: dict[Hashable, int] | None = None  # a new tracker run or a reset: any block may have changed
+    if name in BLOCK_EVENTS and touched and block_id in blocks:
+        block = blocks[block_id]
+        changed = {block_id: LEAVING if events else look(block.ref_count, block.block_hash)}
+    elif name not in ("tracker_initialized", "lifecycle_reset"):
+        changed = {}
+
+    def pool() -> Pool:  # reads the replay as it is now: called at once or never
+        observation = block_pool(((b, k.ref_count, k.block_hash) for b, k in blocks.items()), capacity)
+        notes: dict[Hashable, str] = {
+            b: f"{k.state} {short(k.block_hash, 6)}" if k.block_hash is not None else k.state
+            for b, k in blocks.items()
+            if b in observation.objects
+        }
+        return Pool(observation, notes, capacity is not None)
+
+    return Seen(line.number, label, pool, changed, events)
+
+
 def recognizes(first: Mapping[str, Any]) -> bool:
     """A KVFabric log line: an ``event`` stamped with ``time_ns`` (the side table uses ``ts``)."""
     return "event" in first and ("time_ns" in first or first.get("event") == "tracker_initialized")
@@ -556,6 +592,8 @@ def check(lines: list[Line], judge: Judge) -> None:
         judge.at(line)
         results = replay.apply(line)
         result.steps += 1
+        if judge.watch is not None:
+            judge.watch(seen(line, replay.run))
         if judge.judge(line, step, results):
             return
     if replay.run is not None and replay.run.policy is None:

@@ -35,6 +35,7 @@ from .codec import event_from_json, event_to_json, observation_from_json, observ
 from .lines import Line, TraceFormatError
 from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
+from .seen import Pool, Seen
 
 TRACE_SCHEMA = 1
 DESCRIPTION = "kvspec's own trace"
@@ -207,9 +208,16 @@ def check(lines: list[Line], judge: Judge) -> None:
                 if inv.name not in OBSERVATION_FREE:
                     judge.unknown(inv.name, "the trace records no observation before and after a step")
         _measure(quality, line.number, op, outcome, events, before, after, config, semantics)
+        if judge.watch is not None:
+            judge.watch(Seen(line.number, f"L{line.number}", _pool(after), None, events, op, outcome))
         if judge.judge(line, step, results):
             return
         before = after
+
+
+def _pool(after: Observation | None) -> Callable[[], Pool]:
+    """A step's pool for a picture: the observation it records after it."""
+    return lambda: Pool(after)
 
 
 def _order_problem(expected: int, got: int) -> str:

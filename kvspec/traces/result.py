@@ -18,6 +18,7 @@ from kvspec.report import ExitCode, Report, Status, now, rows
 
 from .lines import Line
 from .quality import TraceQuality
+from .seen import Watch
 
 
 @dataclass(frozen=True)
@@ -193,10 +194,16 @@ class Judge:
     """
 
     def __init__(
-        self, result: TraceResult, lines: Sequence[Line], context: int = 3, options: TraceOptions | None = None
+        self,
+        result: TraceResult,
+        lines: Sequence[Line],
+        context: int = 3,
+        options: TraceOptions | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self.result, self.context = result, context
         self.options = options or TraceOptions()
+        self.watch = watch  # a picture wants each line's state: formats call it when it is set
         self._position = {line.number: i for i, line in enumerate(lines)}
         self._lines = lines
         self._order = [inv.name for inv in result.invariants]

@@ -25,10 +25,13 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvspec.spec import Event
+
 from . import values
 from .lines import Line, TraceFormatError
 from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
+from .seen import LEAVING, Pool, Seen, block_pool, look, short
 
 SIDE_TABLE_SCHEMA = 1
 DESCRIPTION = "per-block lifecycle events"
@@ -136,6 +139,38 @@ class SideTableLedger:
         if block_id in self.parents:
             self.orphans.remove(block_hash, self.parents.pop(block_id))
             self.quality.sample(line.number, self.orphans)
+
+    def seen(self, line: Line) -> Seen:
+        """The line and the blocks after it (a picture's column): each block's state and hash as a note."""
+        name = str(line.data.get("event"))
+        label = f"L{line.number} {name.removeprefix('block_').replace('eviction_candidates_ranked', 'ranked')}"
+        block_id = line.data.get("block_id")
+        touched = isinstance(block_id, int) and not isinstance(block_id, bool) and block_id in self.blocks
+        if touched:
+            label += f"\nblock {block_id}"
+        evicted = name == "block_evicted" and touched
+        reason = line.data.get("reason") if evicted else None
+        events = (Event("reclaim" if reason in ("reclaim", "reset") else "evict", block_id),) if evicted else ()
+        changed: dict[Hashable, int] = {}
+        if touched and isinstance(block_id, int):
+            block = self.blocks[block_id]
+            changed[block_id] = LEAVING if events else look(block.ref_count, block.block_hash)
+
+        def pool() -> Pool:  # reads the ledger as it is now: called at once or never
+            header = self.header
+            observation = block_pool(
+                ((b, k.ref_count, k.block_hash) for b, k in self.blocks.items()),
+                header.num_blocks,
+                header.block_size or 0,
+            )
+            notes: dict[Hashable, str] = {
+                b: f"{k.state} {short(k.block_hash, 6)}" if k.block_hash is not None else k.state
+                for b, k in self.blocks.items()
+                if b in observation.objects
+            }
+            return Pool(observation, notes, header.num_blocks is not None)
+
+        return Seen(line.number, label, pool, changed, events)
 
     def block(self, block_id: int) -> _Block:
         return self.blocks.setdefault(block_id, _Block())
@@ -444,6 +479,8 @@ def check(lines: list[Line], judge: Judge) -> None:
         results = ledger.apply(line)
         result.steps += 1
         result.coverage[str(line.data["event"])] += 1
+        if judge.watch is not None:
+            judge.watch(ledger.seen(line))
         if judge.judge(line, step, results):
             return
     if not result.checked.get("trace_order"):

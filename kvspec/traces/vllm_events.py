@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvspec.spec.stream import STREAM_INVARIANTS
+from kvspec.spec import Event, ObjectView, Observation
+from kvspec.spec.stream import STREAM_INVARIANTS, StreamResult
 
 from . import values
 from .lines import Line, TraceFormatError
 from .result import Judge, TraceInvariant, TraceViolation
+from .seen import CACHED, FREE, LEAVING, Pool, Seen, Watch, short
 
 INVARIANTS: tuple[TraceInvariant, ...] = tuple(
     TraceInvariant(name, kind, "see kvspec.spec.stream") for name, kind in STREAM_INVARIANTS
@@ -187,8 +189,20 @@ def check(lines: list[Line], judge: Judge) -> None:
     result.coverage.update(stream.seen)
     if "published_hash" not in config and not config.get("hashes_recomputable", True):
         judge.unknown("hash_chain_agrees", "the log says its hashes cannot be recomputed")
-    if not stream.violations:
-        return
+    if stream.violations:
+        _violations(stream, lines, kinds, judge)
+    if judge.watch is not None:  # up to and including the first violation's line, as every format
+        upto = len(lines) if result.violation is None else lines.index(_line_by_number(lines, result.violation.line))
+        _watch(lines[: upto + 1], kinds[: upto + 1], config, judge.watch)
+
+
+def _line_by_number(lines: list[Line], number: int) -> Line:
+    return next(line for line in lines if line.number == number)
+
+
+def _violations(stream: StreamResult, lines: list[Line], kinds: list[str | None], judge: Judge) -> None:
+    """The stream's first finding as the trace's violation (with its line); the others' first lines."""
+    result = judge.result
     first = stream.violations[0]
     where = _where(first)
     line = _line_of(where, lines, kinds)
@@ -214,6 +228,66 @@ def check(lines: list[Line], judge: Judge) -> None:
                 "problems": list(found["problems"])[:5],
                 "context": [],
             }
+
+
+def _watch(lines: list[Line], kinds: list[str | None], config: Mapping[str, Any], watch: Watch) -> None:
+    """Each record as a picture's column, over the cache index the batches leave (hash -> cached copies).
+
+    The index is the stream ledger's own view (spec/stream.py): a BlockStored adds a copy of each hash, a
+    BlockRemoved takes one away, AllBlocksCleared empties it; nothing says which block id holds a hash or who
+    references it. Notes hold each hash's tokens. The pool is vLLM's usable blocks (num_gpu_blocks - 1).
+    """
+    blocks = config.get("num_gpu_blocks")
+    usable = int(blocks) - 1 if blocks else None
+    copies: dict[Any, int] = {}
+    tokens: dict[Any, str] = {}
+    for line, kind in zip(lines, kinds, strict=True):
+        if kind in (None, "config"):
+            continue
+        data = line.data
+        left: list[Event] = []
+        touched: set[Any] = set()
+        cleared = False
+        if kind == "batch":
+            stored = removed = 0
+            for event in data["events"]:
+                if event.get("type") == "AllBlocksCleared":
+                    left += [Event("reclaim", key, key) for key in copies]
+                    copies.clear()
+                    cleared = True
+                for i, key in enumerate(event.get("block_hashes") or ()):
+                    touched.add(key)
+                    if event.get("type") == "BlockStored":
+                        stored += 1
+                        copies[key] = copies.get(key, 0) + 1
+                        size = int(event.get("block_size") or config.get("block_size") or 0)
+                        own = (event.get("token_ids") or [])[i * size : (i + 1) * size] if size else []
+                        tokens[key] = "[" + " ".join(str(t) for t in own[:3]) + (" ...]" if len(own) > 3 else "]")
+                    elif event.get("type") == "BlockRemoved":  # of an uncached hash too: drawn where it happened
+                        removed += 1
+                        left.append(Event("evict", key, key))
+                        copies[key] = copies.get(key, 0) - 1
+                        if copies[key] <= 0:
+                            del copies[key]
+            label = f"L{line.number} batch {data['seq']}\n+{stored} -{removed}"
+        elif kind == "request":
+            request = data["request"]
+            cached = request.get("cached_tokens")
+            label = f"L{line.number} request\n{short(request['id'], 10)} {cached}/{len(request['prompt_token_ids'])}"
+        elif kind == "metrics":
+            label = f"L{line.number} metrics\nusage {data['metrics'].get('kv_cache_usage_perc')}"
+        else:
+            label = f"L{line.number} {kind}"
+
+        def pool() -> Pool:  # the index as it is now: called at once or never
+            objects = {key: ObjectView(key, n, 0, 0, key) for key, n in copies.items()}
+            size = usable or 0
+            observation = Observation(size, max(size - sum(copies.values()), 0), objects, {})
+            return Pool(observation, {key: tokens.get(key, "") for key in copies}, usable is not None)
+
+        changed = None if cleared else {key: CACHED if key in copies else FREE for key in touched}
+        changed = None if changed is None else {**changed, **{e.oid: LEAVING for e in left}}
+        watch(Seen(line.number, label, pool, changed, tuple(left)))
 
 
 def _where(finding: Mapping[str, Any]) -> dict[str, Any]:
