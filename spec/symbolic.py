@@ -589,20 +589,25 @@ class Encoding:
         klen1: Sequence[Term],
         kbits1: Sequence[Term],
         lost1: Sequence[Term],
+        carried: Sequence[Term],
         pref: Sequence[Term],
         at: Sequence[Sequence[Term]],
         wanted: Sequence[Term],
     ) -> tuple[list[Term], list[Term], list[Term], list[Term]]:
         """Key block i (held by the slot ``at[i]``) where ``wanted[i]``: (klen, kbits, assigned, displaced) after.
 
-        unkeyed: only if its prefix is not indexed yet. newest: always; ``displaced``
-        names the slots whose index entry a new block took (see ``displaced_keys``).
+        unkeyed: only if its prefix is not indexed yet, by a slot that still ``carried``
+        its key (a stale entry of a variant does not count). newest: always;
+        ``displaced`` names the slots whose index entry a new block took (see ``displaced_keys``).
         """
         N = self.bounds.blocks
         klen, kbits = list(klen1), list(kbits1)
         assigned, displaced = [z3.BoolVal(False)] * N, [z3.BoolVal(False)] * N
         for i in range(N - 1, -1, -1):
-            owner = [z3.And(klen1[t] == self.num(i + 1), kbits1[t] == pref[i], z3.Not(lost1[t])) for t in range(N)]
+            owner = [
+                z3.And(klen1[t] == self.num(i + 1), kbits1[t] == pref[i], z3.Not(lost1[t]), carried[t])
+                for t in range(N)
+            ]
             key_it = wanted[i] if self.duplicate_keys == "newest" else z3.And(wanted[i], z3.Not(z3.Or(*owner)))
             for t in range(N):
                 here = z3.And(at[i][t], key_it)
@@ -650,7 +655,8 @@ class Encoding:
         lost1 = [z3.And(s.lost[t], z3.Not(popped[t])) for t in n_]
         at = [[z3.And(popped[t], pos1[t] == self.num(i) - hb) for t in n_] for i in n_]
         wanted = [z3.And(self.num(i) >= hb, self.num(i) < full) for i in n_]
-        klen, kbits, assigned, displaced = self._new_keys(klen1, kbits1, lost1, pref, at, wanted)
+        carried = [z3.And(s.hashed[t], z3.Not(popped[t])) for t in n_]
+        klen, kbits, assigned, displaced = self._new_keys(klen1, kbits1, lost1, carried, pref, at, wanted)
         hashed = [z3.If(popped[t], assigned[t], s.hashed[t]) for t in n_]
         klen, kbits, hashed, lost = self.displaced_keys((klen, kbits, hashed, lost1), displaced)
         klen, kbits, hashed = self.hit_keys(s, ishit, inq, (klen, kbits, hashed))
@@ -720,8 +726,9 @@ class Encoding:
         ]
         old_full, new_full = self.floor_div(tlen), self.floor_div(total)
         wanted = [z3.And(self.num(i) >= old_full, self.num(i) < new_full, self.num(i) < nbn) for i in n_]
-        klen, kbits, assigned, displaced = self._new_keys(klen1, kbits1, lost1, pref, at, wanted)
-        hashed = [z3.Or(assigned[t], z3.And(z3.Not(popped[t]), s.hashed[t])) for t in n_]
+        carried = [z3.And(s.hashed[t], z3.Not(popped[t])) for t in n_]
+        klen, kbits, assigned, displaced = self._new_keys(klen1, kbits1, lost1, carried, pref, at, wanted)
+        hashed = [z3.Or(assigned[t], carried[t]) for t in n_]
         klen, kbits, hashed, lost = self.displaced_keys((klen, kbits, hashed, lost1), displaced)
         sentinel = self.num(N)
         tab = []
