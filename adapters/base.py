@@ -37,6 +37,12 @@ class Capabilities:
     checks_input: the implementation's own validation is under test, so bad input
       reaches ``apply``. False: the kit answers bad input from ``spec.validate`` and
       the adapter never sees it.
+    contracts: misuse contracts of a block-level API the adapter can exercise, each
+      ``"OP:NAME"`` (OP one of ``ops``): the machine also draws OP with ``contract=NAME``
+      (e.g. ``"release:repeated"``: the free called again on the freed blocks), which the
+      adapter drives through the implementation's misuse path. The spec judges it as the
+      plain OP, so a failure path that is not atomic, or a repeated free that counts twice,
+      is reported by the invariant it breaks.
 
     An adapter may build its capabilities per instance (in ``__init__``), from what
     it finds installed: the suite reads them from the instance it builds.
@@ -51,15 +57,22 @@ class Capabilities:
     live: bool = False
     declines: frozenset[str] = frozenset()
     checks_input: bool = True
+    contracts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = self.declines - set(DECLINABLE)
         if unknown:
             raise ValueError(f"cannot decline {sorted(unknown)}; declinable: {sorted(DECLINABLE)}")
+        for contract in sorted(self.contracts):
+            op, _, name = contract.partition(":")
+            if op not in self.ops or not name:
+                raise ValueError(f"contract {contract!r} is not OP:NAME with OP one of {sorted(self.ops)}")
 
     def allows(self, op: Op) -> bool:
         """Whether the suite may give the adapter ``op``: an op it implements, in no variant it declines."""
         if op.op == "release" and not op.keep and "release_drop" in self.declines:
+            return False
+        if op.contract and f"{op.op}:{op.contract}" not in self.contracts:
             return False
         return op.op in self.ops or op.op not in OP_KINDS  # an undefined op is bad input every adapter gets
 

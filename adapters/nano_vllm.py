@@ -11,7 +11,8 @@ admit / resume      ``can_allocate(seq)``, then ``allocate(seq)``, which   ``n =
                     hashes the prompt's full blocks itself                 ``allocate(seq, n)``, ``hash_blocks``
 append(tokens)      the blocks needed checked once (free_block_ids), then  the same, with ``hash_blocks`` after
                     per token: ``append_token``, ``may_append``            each token is computed
-release / preempt   ``deallocate(seq)``; a preempted Sequence keeps its tokens and is admitted again on resume
+release / preempt   ``deallocate(seq)``; a preempted Sequence keeps its tokens and is admitted again on resume;
+                    declared misuse contract ``repeated``: ``deallocate`` called again on the freed Sequence
 ==================  =====================================================  =====================================
 
 nano-vllm has no reset and no way to drop a request's cache on release: ``reset_cache`` is not among the ops
@@ -47,6 +48,7 @@ class NanoVllmAdapter:
             ops=frozenset({"admit", "append", "release", "preempt", "resume"}),
             declines=frozenset({"release_drop"}),
             checks_input=False,
+            contracts=frozenset({"release:repeated", "preempt:repeated"}),
             version=f"{_version(self.bm_mod)} (API generation {self.gen})",
         )
         self.reset(Config())
@@ -83,6 +85,8 @@ class NanoVllmAdapter:
             )
         else:  # release, preempt
             if req not in self.preempted:
+                self.bm.deallocate(self.seqs[req])
+            if op.contract == "repeated":  # the misuse contract: deallocate again; a freed Sequence frees nothing
                 self.bm.deallocate(self.seqs[req])
             if op.op == "release":
                 del self.seqs[req], self.prompt_len[req]

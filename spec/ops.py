@@ -175,13 +175,19 @@ def size_of(tokens: int, config: Config, granularity: Granularity) -> int:
 
 @dataclass(frozen=True)
 class Op:
-    """One request-level operation. ``tokens`` is the prompt (admit) or the new tokens (append)."""
+    """One request-level operation. ``tokens`` is the prompt (admit) or the new tokens (append).
+
+    ``contract``: a misuse contract of the implementation that the adapter exercises for this op
+    (declared in its capabilities, e.g. a free repeated within the step); the spec judges the op
+    as if it were plain: a contract the implementation keeps changes nothing observable.
+    """
 
     op: OpKind
     req: str | None = None
     tokens: tuple[int, ...] = ()
     keep: bool = True
     mode: str = "recompute"
+    contract: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op}
@@ -193,6 +199,8 @@ class Op:
             out["keep"] = self.keep
         if self.op == "preempt":
             out["mode"] = self.mode
+        if self.contract:
+            out["contract"] = self.contract
         return out
 
     @classmethod
@@ -209,6 +217,7 @@ class Op:
             tokens=tuple(int(t) for t in data.get("tokens", ())),
             keep=bool(data.get("keep", True)),
             mode=str(data.get("mode", "recompute")),
+            contract=str(data.get("contract", "")),
         )
 
     def __str__(self) -> str:
@@ -219,6 +228,8 @@ class Op:
             args.append("keep=False")
         if self.op == "preempt" and self.mode != "recompute":
             args.append(f"mode={self.mode!r}")
+        if self.contract:
+            args.append(f"contract={self.contract!r}")
         return f"{self.op}({', '.join(args)})"
 
 

@@ -14,11 +14,16 @@ the spec is encoded, faithfully:
   popped whether it is cached or not (lazy eviction);
 - the prefix index: one entry per slot (``klen``/``kbits``: the key's length in
   blocks and its tokens), and ``hashed``: whether the slot itself carries that
-  key. In the spec the two always agree; a variant can make them differ;
+  key. In the spec the two always agree; a variant can make them differ.
+  ``lost``: the slot keeps its key but the index does not find it (an older
+  duplicate under ``duplicate_keys="newest"``; always False under ``unkeyed``);
 - the admission chain over the index, the hit cap (one prompt token is always
   computed), the all-or-nothing capacity check that counts cached-free hit
-  blocks as leaving the queue, and duplicate-key handling (a new full block whose
-  prefix is already indexed stays unkeyed).
+  blocks as leaving the queue, and duplicate-key handling: ``Encoding`` keeps
+  ``duplicate_keys="unkeyed"`` (a new full block whose prefix is already indexed
+  stays unkeyed), ``NewestEncoding`` ``"newest"`` (the new block takes the index
+  entry; the block that had it keeps its key, unreachable). ``"indexed"`` (several
+  entries per key, vLLM) is not encoded.
 
 Keys are token content, as in the Python spec: a block's key is its request's
 first (i+1)*B tokens, packed into a bit-vector (``Bounds.token_bits`` bits per
@@ -29,7 +34,7 @@ pool; those are bad input the Python spec rejects before any state is read).
 
 ``Encoding`` is the spec's own allocator. Its decision points are small
 methods (``blocks_for``, ``accepts``, ``shared_prefix``, ``queue_after_admission``,
-``refused_admission``, ``unindex_popped``, ``hit_keys``, ``ref_counts_at_free``,
+``refused_admission``, ``unindex_popped``, ``hit_keys``, ``displaced_keys``, ``ref_counts_at_free``,
 ``drops_reference``, ``joins_free_queue``): a subclass that overrides one is a
 variant of the allocator (a model of an implementation's change), and bounded
 model checking shows which invariant it breaks.
@@ -38,14 +43,14 @@ model checking shows which invariant it breaks.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import z3
 
 from .ledger import BlockLedger, LedgerModel
 from .observation import ObjectView, Observation, RequestState, RequestView
-from .ops import Config, Event, Op, Outcome, Semantics
+from .ops import Config, DuplicateKeys, Event, Op, Outcome, Semantics
 
 Term = Any
 """A z3 expression (the z3 package carries no type information)."""
@@ -57,7 +62,7 @@ OK, REFUSED, INVALID = range(3)
 STATUSES: tuple[str, ...] = ("ok", "refused", "invalid")
 
 SEMANTICS = Semantics(granularity="block", eviction="lru", hit_cap=True, reset_requires_idle=True, exact=True)
-"""The semantics this module encodes; the reference paged adapter declares the same."""
+"""The semantics ``Encoding`` encodes; the reference paged adapter declares the same."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,8 @@ class SymState:
     """One state of the bounded pool.
 
     Per slot s < N: ``ref`` count, index entry ``klen``/``kbits`` (0: none),
-    ``hashed`` (the slot carries that key), ``fill`` (tokens held), ``hits``,
+    ``hashed`` (the slot carries that key), ``lost`` (it does, but no lookup finds
+    it: the index entry is another slot's), ``fill`` (tokens held), ``hits``,
     ``pos`` (free-queue position, -1: not queued). Per request r < R: ``st``
     (ABSENT, RUNNING, PREEMPTED), tokens ``tlen``/``tbits``, block-table length
     ``nb`` and table ``tab[r][j]`` (the sentinel N past ``nb``).
@@ -145,6 +151,7 @@ class SymState:
     klen: tuple[Term, ...]
     kbits: tuple[Term, ...]
     hashed: tuple[Term, ...]
+    lost: tuple[Term, ...]
     fill: tuple[Term, ...]
     hits: tuple[Term, ...]
     pos: tuple[Term, ...]
@@ -224,13 +231,27 @@ class Encoding:
     name: ClassVar[str | None] = None
     """What reports call this encoding: None for the spec's own; a variant's class name unless it sets one."""
 
+    duplicate_keys: ClassVar[DuplicateKeys] = "unkeyed"
+    """What a block that becomes full under an indexed key does (Semantics.duplicate_keys): unkeyed or newest."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.name = cls.__dict__.get("name") or cls.__name__
 
     def __init__(self, bounds: Bounds) -> None:
+        if self.duplicate_keys not in ("unkeyed", "newest"):
+            raise ValueError(f"duplicate_keys={self.duplicate_keys!r} is not encoded (unkeyed, newest)")
         self.bounds = bounds
         self._bv = bounds.arith == "bv"
+
+    @property
+    def semantics(self) -> Semantics:
+        """The Python spec's semantics this encoding follows."""
+        return replace(SEMANTICS, duplicate_keys=self.duplicate_keys)
+
+    def entry(self, s: SymState, t: int) -> Term:
+        """Slot ``t`` is what a lookup of its key finds: it has an index entry and is not a lost duplicate."""
+        return z3.And(s.klen[t] > self.num(0), z3.Not(s.lost[t]))
 
     # -- numbers and token strings -------------------------------------------------------
     def num(self, value: int) -> Term:
@@ -308,6 +329,7 @@ class Encoding:
             klen=tuple(self.num_var(f"{tag}.klen{s}") for s in n_),
             kbits=tuple(self.bits_var(f"{tag}.kbits{s}") for s in n_),
             hashed=tuple(z3.Bool(f"{tag}.hashed{s}") for s in n_),
+            lost=tuple(z3.Bool(f"{tag}.lost{s}") for s in n_),
             fill=tuple(self.num_var(f"{tag}.fill{s}") for s in n_),
             hits=tuple(self.num_var(f"{tag}.hits{s}") for s in n_),
             pos=tuple(self.num_var(f"{tag}.pos{s}") for s in n_),
@@ -327,6 +349,7 @@ class Encoding:
             klen=(zero,) * n,
             kbits=(self.bits(0),) * n,
             hashed=(no,) * n,
+            lost=(no,) * n,
             fill=(zero,) * n,
             hits=(zero,) * n,
             pos=tuple(self.num(s) for s in range(n)),
@@ -532,6 +555,14 @@ class Encoding:
         """
         return keys
 
+    def displaced_keys(
+        self, keys: tuple[list[Term], list[Term], list[Term], list[Term]], displaced: Sequence[Term]
+    ) -> tuple[list[Term], list[Term], list[Term], list[Term]]:
+        """Decision point (newest): the keys (klen, kbits, hashed, lost) after new blocks took the index entries
+        of the slots ``displaced``: those keep their key, lost (cached, unreachable), until evicted or reclaimed."""
+        klen, kbits, hashed, lost = keys
+        return klen, kbits, hashed, [z3.Or(v, d) for v, d in zip(lost, displaced, strict=True)]
+
     def ref_counts_at_free(self, s: SymState, nb: Term, row: Sequence[Term]) -> list[Term]:
         """Decision point: the ref counts a release or preemption starts from: the slots' own.
 
@@ -557,22 +588,35 @@ class Encoding:
         self,
         klen1: Sequence[Term],
         kbits1: Sequence[Term],
+        lost1: Sequence[Term],
+        carried: Sequence[Term],
         pref: Sequence[Term],
         at: Sequence[Sequence[Term]],
         wanted: Sequence[Term],
-    ) -> tuple[list[Term], list[Term], list[Term]]:
-        """Key block i (held by the slot ``at[i]``) where ``wanted[i]`` and its prefix is not indexed yet."""
+    ) -> tuple[list[Term], list[Term], list[Term], list[Term]]:
+        """Key block i (held by the slot ``at[i]``) where ``wanted[i]``: (klen, kbits, assigned, displaced) after.
+
+        unkeyed: only if its prefix is not indexed yet, by a slot that still ``carried``
+        its key (a stale entry of a variant does not count). newest: always;
+        ``displaced`` names the slots whose index entry a new block took (see ``displaced_keys``).
+        """
         N = self.bounds.blocks
-        klen, kbits, assigned = list(klen1), list(kbits1), [z3.BoolVal(False)] * N
+        klen, kbits = list(klen1), list(kbits1)
+        assigned, displaced = [z3.BoolVal(False)] * N, [z3.BoolVal(False)] * N
         for i in range(N - 1, -1, -1):
-            indexed = z3.Or(*[z3.And(klen1[t] == self.num(i + 1), kbits1[t] == pref[i]) for t in range(N)])
-            key_it = z3.And(wanted[i], z3.Not(indexed))
+            owner = [
+                z3.And(klen1[t] == self.num(i + 1), kbits1[t] == pref[i], z3.Not(lost1[t]), carried[t])
+                for t in range(N)
+            ]
+            key_it = wanted[i] if self.duplicate_keys == "newest" else z3.And(wanted[i], z3.Not(z3.Or(*owner)))
             for t in range(N):
                 here = z3.And(at[i][t], key_it)
                 klen[t] = z3.If(here, self.num(i + 1), klen[t])
                 kbits[t] = z3.If(here, pref[i], kbits[t])
                 assigned[t] = z3.Or(assigned[t], here)
-        return klen, kbits, assigned
+                if self.duplicate_keys == "newest":
+                    displaced[t] = z3.Or(displaced[t], z3.And(key_it, owner[t], z3.Not(at[i][t])))
+        return klen, kbits, assigned, displaced
 
     def _admission(self, s: SymState, op: SymOp, tl: Term, tb: Term) -> SymStep:
         """``BlockLedger._admission``: hit the cached chain (capped), pop the rest from the queue head."""
@@ -580,7 +624,9 @@ class Encoding:
         n_ = range(N)
         full = self.floor_div(tl)
         pref = [tb & self.mask((i + 1) * B) for i in n_]
-        match = [[z3.And(s.klen[t] == self.num(i + 1), s.kbits[t] == pref[i]) for t in n_] for i in n_]
+        match = [
+            [z3.And(s.klen[t] == self.num(i + 1), s.kbits[t] == pref[i], z3.Not(s.lost[t])) for t in n_] for i in n_
+        ]
         run, hb = z3.BoolVal(True), self.num(0)
         for i in n_:
             run = z3.And(run, self.num(i) < full, z3.Or(*match[i]))
@@ -606,10 +652,13 @@ class Encoding:
         remaining = [z3.If(pos1[t] >= need, pos1[t] - need, self.num(-1)) for t in n_]
         pos2 = self.queue_after_admission(s, remaining, ishit, inq, need)
         klen1, kbits1 = self.unindex_popped(s, popped)
+        lost1 = [z3.And(s.lost[t], z3.Not(popped[t])) for t in n_]
         at = [[z3.And(popped[t], pos1[t] == self.num(i) - hb) for t in n_] for i in n_]
         wanted = [z3.And(self.num(i) >= hb, self.num(i) < full) for i in n_]
-        klen, kbits, assigned = self._new_keys(klen1, kbits1, pref, at, wanted)
+        carried = [z3.And(s.hashed[t], z3.Not(popped[t])) for t in n_]
+        klen, kbits, assigned, displaced = self._new_keys(klen1, kbits1, lost1, carried, pref, at, wanted)
         hashed = [z3.If(popped[t], assigned[t], s.hashed[t]) for t in n_]
+        klen, kbits, hashed, lost = self.displaced_keys((klen, kbits, hashed, lost1), displaced)
         klen, kbits, hashed = self.hit_keys(s, ishit, inq, (klen, kbits, hashed))
         nbn = hb + need
         sentinel = self.num(N)
@@ -626,6 +675,7 @@ class Encoding:
             klen=tuple(klen),
             kbits=tuple(kbits),
             hashed=tuple(hashed),
+            lost=tuple(lost),
             fill=tuple(
                 z3.If(
                     popped[t],
@@ -661,6 +711,7 @@ class Encoding:
         popped = [z3.And(inq[t], s.pos[t] < need) for t in n_]
         pos = tuple(z3.If(z3.And(inq[t], s.pos[t] >= need), s.pos[t] - need, self.num(-1)) for t in n_)
         klen1, kbits1 = self.unindex_popped(s, popped)
+        lost1 = [z3.And(s.lost[t], z3.Not(popped[t])) for t in n_]
         nbn = nb + need
         pref = [bits & self.mask((i + 1) * B) for i in n_]
         at = [
@@ -675,7 +726,10 @@ class Encoding:
         ]
         old_full, new_full = self.floor_div(tlen), self.floor_div(total)
         wanted = [z3.And(self.num(i) >= old_full, self.num(i) < new_full, self.num(i) < nbn) for i in n_]
-        klen, kbits, assigned = self._new_keys(klen1, kbits1, pref, at, wanted)
+        carried = [z3.And(s.hashed[t], z3.Not(popped[t])) for t in n_]
+        klen, kbits, assigned, displaced = self._new_keys(klen1, kbits1, lost1, carried, pref, at, wanted)
+        hashed = [z3.Or(assigned[t], carried[t]) for t in n_]
+        klen, kbits, hashed, lost = self.displaced_keys((klen, kbits, hashed, lost1), displaced)
         sentinel = self.num(N)
         tab = []
         for j in n_:
@@ -694,7 +748,8 @@ class Encoding:
             ref=tuple(z3.If(popped[t], one, s.ref[t]) for t in n_),
             klen=tuple(klen),
             kbits=tuple(kbits),
-            hashed=tuple(z3.Or(assigned[t], z3.And(z3.Not(popped[t]), s.hashed[t])) for t in n_),
+            hashed=tuple(hashed),
+            lost=tuple(lost),
             fill=tuple(fill),
             hits=tuple(z3.If(popped[t], zero, s.hits[t]) for t in n_),
             pos=pos,
@@ -715,7 +770,7 @@ class Encoding:
         nb, row = r["nb"], r["tab"]
         one, zero = self.num(1), self.num(0)
         klen, kbits = list(s.klen), list(s.kbits)
-        hashed, fill, hits, pos = list(s.hashed), list(s.fill), list(s.hits), list(s.pos)
+        hashed, lost, fill, hits, pos = list(s.hashed), list(s.lost), list(s.fill), list(s.hits), list(s.pos)
         qlen = self.count([p >= zero for p in s.pos])
         reclaimed = [z3.BoolVal(False)] * N
         start = self.ref_counts_at_free(s, nb, row)
@@ -731,6 +786,7 @@ class Encoding:
                 klen[t] = z3.If(reclaim, zero, klen[t])
                 kbits[t] = z3.If(reclaim, self.bits(0), kbits[t])
                 hashed[t] = z3.And(hashed[t], z3.Not(reclaim))
+                lost[t] = z3.And(lost[t], z3.Not(reclaim))
                 reclaimed[t] = z3.Or(reclaimed[t], reclaim)
                 wipe = z3.And(zeroed, z3.Not(hashed[t]))
                 fill[t] = z3.If(wipe, zero, fill[t])
@@ -745,6 +801,7 @@ class Encoding:
             klen=tuple(klen),
             kbits=tuple(kbits),
             hashed=tuple(hashed),
+            lost=tuple(lost),
             fill=tuple(fill),
             hits=tuple(hits),
             pos=tuple(pos),
@@ -771,6 +828,7 @@ class Encoding:
             klen=tuple(z3.If(reclaim[t], zero, s.klen[t]) for t in range(N)),
             kbits=tuple(z3.If(reclaim[t], self.bits(0), s.kbits[t]) for t in range(N)),
             hashed=tuple(z3.And(s.hashed[t], z3.Not(reclaim[t])) for t in range(N)),
+            lost=tuple(z3.And(s.lost[t], z3.Not(reclaim[t])) for t in range(N)),
             fill=tuple(z3.If(reclaim[t], zero, s.fill[t]) for t in range(N)),
             hits=tuple(z3.If(reclaim[t], zero, s.hits[t]) for t in range(N)),
             pos=s.pos,
@@ -834,7 +892,7 @@ class Encoding:
         for t in range(b.blocks):
             ref, hashed = self.value(model, s.ref[t]), z3.is_true(model.eval(s.hashed[t], model_completion=True))
             key = self.key(model, s, t) if self.value(model, s.klen[t]) > 0 else None
-            if key is not None:
+            if key is not None and not z3.is_true(model.eval(s.lost[t], model_completion=True)):
                 index[key] = (t,)
             if ref or hashed:
                 fill, hits = self.value(model, s.fill[t]), self.value(model, s.hits[t])
@@ -892,21 +950,26 @@ class Encoding:
         b = self.bounds
         if model.config != b.config or not isinstance(model, BlockLedger):
             raise ValueError("the model's pool is not this encoding's")
+        if model.semantics.duplicate_keys != self.duplicate_keys:
+            raise ValueError(
+                f"the model keeps duplicate_keys={model.semantics.duplicate_keys!r}, not {self.duplicate_keys!r}"
+            )
         bs = b.block_size
         indexed = {sid: key for key, sid in model.index.items()}
         queue = {sid: i for i, sid in enumerate(model.free_queue)}
-        ref, klen, kbits, hashed, fill, hits, pos = [], [], [], [], [], [], []
+        ref, klen, kbits, hashed, lost, fill, hits, pos = [], [], [], [], [], [], [], []
         for sid, slot in enumerate(model.slots):
             entry = indexed.get(sid)
             if entry is not None and entry != slot.key:
                 raise ValueError(f"slot {sid} is indexed as {entry!r} but carries {slot.key!r}")
-            if slot.key is not None and entry is None:
+            if slot.key is not None and entry is None and self.duplicate_keys != "newest":
                 raise ValueError(f"slot {sid} carries key {slot.key!r} the index does not hold")
             key = () if slot.key is None else tuple(slot.key)  # the prefix a chained key stands for
             ref.append(self.num(slot.ref_count))
             klen.append(self.num(len(key) // bs))
             kbits.append(self.bits(self.pack(key)))
             hashed.append(z3.BoolVal(slot.key is not None))
+            lost.append(z3.BoolVal(slot.key is not None and entry is None))
             fill.append(self.num(slot.tokens))
             hits.append(self.num(slot.hits))
             pos.append(self.num(queue.get(sid, -1)))
@@ -933,6 +996,7 @@ class Encoding:
             tuple(klen),
             tuple(kbits),
             tuple(hashed),
+            tuple(lost),
             tuple(fill),
             tuple(hits),
             tuple(pos),
@@ -942,3 +1006,14 @@ class Encoding:
             tuple(nb),
             tuple(tab),
         )
+
+
+class NewestEncoding(Encoding):
+    """The spec's allocator with ``duplicate_keys="newest"``: a new full block takes its key's index entry.
+
+    The block that had the entry keeps its key, unreachable (``lost``), until it is
+    evicted or reclaimed; when the entry's owner leaves, the key leaves the index.
+    """
+
+    name = "newest"
+    duplicate_keys = "newest"

@@ -6,7 +6,8 @@ for the state invariants). They read the state through the same projection an
 adapter reports: an object is a slot with a reference or a key; free capacity
 is the number of queued slots that hold no key (what the reference adapter
 reports, and what ``LedgerModel.free`` equals on every state the spec reaches);
-the index maps each slot's entry key to the slot.
+the index maps each slot's entry key to the slot, lost duplicates
+(``duplicate_keys="newest"``) left out.
 
 ``AUXILIARY`` are the strengthening invariants of the induction proofs: facts
 about every reachable state of the bounded encoding (the queue holds exactly the
@@ -88,7 +89,7 @@ def slot_field(enc: Encoding, values: tuple[Term, ...], slot: Term) -> Term:
 
 def indexed_at(enc: Encoding, s: SymState, t: int, blocks: int, bits: Term) -> Term:
     """The index maps the key (``blocks`` blocks of ``bits``) to slot ``t``."""
-    return z3.And(s.klen[t] == enc.num(blocks), s.kbits[t] == bits)
+    return z3.And(s.klen[t] == enc.num(blocks), s.kbits[t] == bits, z3.Not(s.lost[t]))
 
 
 # -- safety: state invariants ---------------------------------------------------------------------
@@ -137,7 +138,7 @@ def tail_rounding(enc: Encoding, tr: SymTransition) -> Term:
 def cache_index_consistency(enc: Encoding, tr: SymTransition) -> Term:
     """Every index entry names an object cached under that key, holding that key's tokens."""
     s, b = tr.after, enc.bounds
-    out = [z3.Implies(s.klen[t] > enc.num(0), z3.And(is_object(s, t), s.hashed[t])) for t in range(b.blocks)]
+    out = [z3.Implies(enc.entry(s, t), z3.And(is_object(s, t), s.hashed[t])) for t in range(b.blocks)]
     out += [_held_keys_match(enc, s, r, j) for r in range(b.requests) for j in range(b.blocks)]
     return z3.And(*out)
 
@@ -268,6 +269,7 @@ def atomic_failure(enc: Encoding, tr: SymTransition) -> Term:
         same.append(z3.Implies(is_object(before, t), view))
         same.append(before.klen[t] == after.klen[t])
         same.append(z3.Implies(before.klen[t] > enc.num(0), before.kbits[t] == after.kbits[t]))
+        same.append(z3.Implies(before.klen[t] > enc.num(0), before.lost[t] == after.lost[t]))
     for r in range(b.requests):
         present = before.st[r] != enc.num(ABSENT)
         request = z3.And(
@@ -369,14 +371,17 @@ def refs_are_counted(enc: Encoding, s: SymState) -> Term:
 
 
 def keys_are_sound(enc: Encoding, s: SymState) -> Term:
-    """A slot carries exactly its index entry; keys are unique; only full blocks of their own prefix carry one."""
+    """A slot carries exactly its key; index entries are unique (lost duplicates apart, and only under
+    duplicate_keys="newest"); only full blocks of their own prefix carry one."""
     b = enc.bounds
     zero = enc.num(0)
     out = []
     for t in range(b.blocks):
         out.append(s.hashed[t] == (s.klen[t] > zero))
+        out.append(z3.Implies(s.lost[t], s.hashed[t]) if enc.duplicate_keys == "newest" else z3.Not(s.lost[t]))
         for u in range(t + 1, b.blocks):
-            out.append(z3.Implies(s.hashed[t], z3.Not(z3.And(s.klen[t] == s.klen[u], s.kbits[t] == s.kbits[u]))))
+            both = z3.And(enc.entry(s, t), enc.entry(s, u))
+            out.append(z3.Implies(both, z3.Not(z3.And(s.klen[t] == s.klen[u], s.kbits[t] == s.kbits[u]))))
     out += [_held_keys_match(enc, s, r, j) for r in range(b.requests) for j in range(b.blocks)]
     return z3.And(*out)
 

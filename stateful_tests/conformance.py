@@ -32,7 +32,7 @@ from kvspec.spec.radix import RADIX_ORDERS
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
-from .rounds import run_in_rounds
+from .rounds import derandomized_seed, run_in_rounds
 from .strategies import DEFAULT_RANGES, PoolRanges
 
 BAD_INPUT_REJECTED = "bad_input_rejected"
@@ -79,6 +79,7 @@ class Result:
     time_budget_s: float | None = None
     budget_spent: bool = False  # the run stopped starting examples at its time budget
     more_failures: list[tuple[Violation, list[Op], Config | None]] = field(default_factory=list)  # keep_going
+    derandomized: bool = False  # Hypothesis's derandomized run: ``seed`` is the one it derives from the machine
 
     @property
     def exit_code(self) -> ExitCode:
@@ -88,7 +89,7 @@ class Result:
         """The run as the kit's report: one row per invariant (the registry's order, then adapter_contract)."""
         kinds = [(inv.name, inv.kind) for inv in INVARIANTS] + [(ADAPTER_CONTRACT, "adapter")]
         tally = self.tally
-        seed = "derandomized" if self.seed is None and self.profile == "ci" else f"seed {self.seed}"
+        seed = f"derandomized, seed {self.seed}" if self.derandomized else f"seed {self.seed}"
         untried = [k for k in self.bad_kinds if not tally.coverage.get(f"bad_input:{k}")]
         applicable = self.applicable - {BAD_INPUT_REJECTED} if untried else self.applicable
         reasons = {BAD_INPUT_REJECTED: f"bad input never tried: {', '.join(untried)}"} if untried else {}
@@ -238,6 +239,17 @@ def run_check(
             caps = adapter.capabilities
             result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
             result.given_cases = len(extra_cases)
+            machine = build_machine(adapter, tally, profile.ranges, refine=refine)
+            if progress is not None:
+                machine = _with_progress(machine, tally, progress)
+            machine = _with_quality(machine, quality, tally, series)
+            # Derandomized (the ci profile, or --seed with its seed): Hypothesis's own derandomized run, rounds
+            # included; the report names the seed that run draws from.
+            derandomized = seed is None or (seed == derandomized_seed(machine) and example_db is None)
+            if derandomized:
+                result.seed = seed = derandomized_seed(machine)
+            result.derandomized = derandomized
+            hypothesis_seed = None if derandomized else seed
             found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
             for case in extra_cases:
                 violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
@@ -247,15 +259,14 @@ def run_check(
                 if violation is not None:
                     violation.config = case.config
                     found.append(violation)
-            machine = build_machine(adapter, tally, profile.ranges, refine=refine)
-            if progress is not None:
-                machine = _with_progress(machine, tally, progress)
-            machine = _with_quality(machine, quality, tally, series)
-            if seed is not None:
-                machine = hypothesis.seed(seed)(machine)
+            if hypothesis_seed is not None:
+                machine = hypothesis.seed(hypothesis_seed)(machine)
             try:
                 run_in_rounds(
-                    machine, _settings(profile, max_examples, seed, _database(example_db, name)), seed, tally.deadline
+                    machine,
+                    _settings(profile, max_examples, derandomized, _database(example_db, name)),
+                    hypothesis_seed,
+                    tally.deadline,
                 )
             except (Violation, BaseExceptionGroup) as raised:
                 if not keep_going or isinstance(raised, Flaky):
@@ -305,14 +316,14 @@ def _database(folder: Path | None, name: str) -> ExampleDatabase | None:
 
 
 def _settings(
-    profile: Profile, max_examples: int | None, seed: int | None, database: ExampleDatabase | None = None
+    profile: Profile, max_examples: int | None, derandomize: bool, database: ExampleDatabase | None = None
 ) -> settings:
     """Hypothesis settings of one run: the given example database (none by default), no deadline (the step
     timeout is ours), quiet."""
     return settings(
         max_examples=max_examples or profile.max_examples,
         stateful_step_count=profile.step_count,
-        derandomize=profile.derandomize and seed is None,
+        derandomize=derandomize,
         database=database,
         deadline=None,
         verbosity=Verbosity.quiet,

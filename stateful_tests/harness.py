@@ -200,6 +200,8 @@ class Harness:
         """Count the situations reached, so a report can say what was exercised (bad input by its class)."""
         cov = self.tally.coverage
         cov[f"{op.op}:{outcome.status}"] += 1
+        if op.contract:
+            cov[f"contract:{op.op}:{op.contract}:{outcome.status}"] += 1
         try:
             validate(op, before, self.config, self.semantics)
         except SpecError as exc:

@@ -64,12 +64,12 @@ class KVLifecycle(RuleBasedStateMachine):
     def _step(self, op: Op) -> None:
         self.harness.step(op)
 
-    def _admit(self, prompt: tuple[int, ...]) -> None:
+    def _admit(self, prompt: tuple[int, ...], contract: str = "") -> None:
         prompt = prompt[: self.max_tokens]
         req = f"r{self.next_id}"
         self.next_id += 1
         self.history.append(prompt)
-        self._step(Op("admit", req, prompt))
+        self._step(Op("admit", req, prompt, contract=contract))
 
     @rule(data=st.data())
     def admit_family(self, data: st.DataObject) -> None:
@@ -111,8 +111,8 @@ class KVLifecycle(RuleBasedStateMachine):
         new = data.draw(tokens(1, 2 * self.harness.config.block_size), label="tokens")
         self._append(running[pick(data, running, "req")], new)
 
-    def _append(self, req: str, new: tuple[int, ...]) -> None:
-        self._step(Op("append", req, new))
+    def _append(self, req: str, new: tuple[int, ...], contract: str = "") -> None:
+        self._step(Op("append", req, new, contract=contract))
         request = self.harness.obs.requests.get(req)
         if request is not None:
             self.history.append(request.tokens)
@@ -215,6 +215,47 @@ class KVLifecycle(RuleBasedStateMachine):
         return Op(cast(OpKind, kind), req, (1,) if kind == "append" else ())
 
 
+class KVLifecycleWithContracts(KVLifecycle):
+    """The machine of an adapter that declares misuse contracts (``Capabilities.contracts``): one rule more.
+
+    A subclass, so that the machine of an adapter without contracts draws exactly as before.
+    """
+
+    contracts: ClassVar[tuple[str, ...]]
+
+    def _contract_choices(self) -> list[str]:
+        """The declared contracts whose op the pool can take now (a request in the state it needs)."""
+        states = {r.state for r in self.harness.obs.requests.values()}
+        need = {"append": "running", "preempt": "running", "resume": "preempted"}
+        ready = {"release": bool(states), "reset_cache": bool(self.harness.obs.objects)}
+        return [
+            c
+            for c in self.contracts
+            if ready.get(
+                c.partition(":")[0], need.get(c.partition(":")[0], "running") in states or c.startswith("admit:")
+            )
+        ]
+
+    @precondition(lambda self: bool(self._contract_choices()))
+    @rule(data=st.data())
+    def misuse_contract(self, data: st.DataObject) -> None:
+        """A declared contract: its op, driven through the implementation's misuse path; judged as the plain op."""
+        choices = self._contract_choices()
+        kind, _, name = choices[pick(data, choices, "contract")].partition(":")
+        if kind == "admit":
+            self._admit(family_prompt(data, self.templates, self.harness.config), contract=name)
+        elif kind == "append":
+            running = self._requests("running")
+            new = data.draw(tokens(1, 2 * self.harness.config.block_size), label="tokens")
+            self._append(running[pick(data, running, "req")], new, contract=name)
+        elif kind == "reset_cache":
+            self._step(Op("reset_cache", contract=name))
+        else:
+            state = {"preempt": "running", "resume": "preempted"}.get(kind)
+            reqs = self._requests(state) if state else sorted(self.harness.obs.requests)
+            self._step(Op(cast(OpKind, kind), reqs[pick(data, reqs, "req")], contract=name))
+
+
 def build_machine(
     adapter: Adapter,
     tally: Tally,
@@ -226,10 +267,11 @@ def build_machine(
     caps = adapter.capabilities
     granularity = caps.semantics.granularity
 
-    class Bound(KVLifecycle):
+    class Bound(KVLifecycleWithContracts if caps.contracts else KVLifecycle):  # type: ignore[misc]
         ops = caps.ops
         declines = caps.declines
         bad_kinds = bad_input_kinds(caps.ops, granularity)
+        contracts = tuple(sorted(caps.contracts))
 
         @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())
         def start(self, config: Config, data: st.DataObject) -> None:

@@ -13,6 +13,9 @@ sequence), so a run of ``ROUND_EXAMPLES`` or fewer is unchanged. Each later roun
 draws from its own seed, derived from the run's seed and the round's number, so a
 derandomized or seeded run stays reproducible; an unseeded random run stays random.
 A failure ends the run in the round that found it (shrunk there, as before).
+
+``derandomized_seed`` is the seed a derandomized run draws from, so that its report
+names a seed too, and ``--seed`` with it replays the run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,23 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 ROUND_EXAMPLES = 1000
 BUDGET_ROUND_EXAMPLES = 20  # under a time budget: the most a run can overrun it by
+
+
+def derandomized_seed(machine: type[RuleBasedStateMachine]) -> int:
+    """The seed of a derandomized run of ``machine``: what Hypothesis seeds its ``Random`` with under ``derandomize``.
+
+    That is the digest of the test function Hypothesis wraps around the machine (its
+    source, and the machine's own digest), so ``hypothesis.seed(derandomized_seed(m))(m)``
+    draws exactly what ``m`` draws derandomized (tests/test_keep_going.py checks it on the
+    installed Hypothesis version; a version that derandomizes otherwise fails there).
+    """
+    from hypothesis.internal.compat import int_from_bytes
+    from hypothesis.internal.reflection import function_digest
+    from hypothesis.stateful import get_state_machine_test
+
+    test = get_state_machine_test(machine, settings=settings(derandomize=True, database=None))
+    inner = test.hypothesis.inner_test  # type: ignore[attr-defined]  # set by @given
+    return int(int_from_bytes(function_digest(inner)))
 
 
 def round_seed(seed: int | None, number: int) -> int:

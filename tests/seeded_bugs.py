@@ -285,6 +285,18 @@ class NewestKeepsFirst(NewestOwnsIndex):
             self.cached.setdefault(hashes[i], blocks[i])
 
 
+class NewestUnkeysOwner(NewestOwnsIndex):
+    """Declared newest-owns, but the new block takes the index entry by dropping the hash of the block that had it."""
+
+    def _cache_full_blocks(self, req_id: str, start: int) -> None:
+        blocks, hashes = self.req_blocks[req_id], self.block_hashes(self.req_tokens[req_id])
+        for i in range(start, len(hashes)):
+            owner = self.cached.get(hashes[i])
+            if owner is not None and owner is not blocks[i]:
+                PagedPrefixCache._uncache(self, owner)
+        super()._cache_full_blocks(req_id, start)
+
+
 class RaisesOnResume(ReferencePagedAdapter):
     """The adapter's engine crashes on a resumed request."""
 
@@ -327,6 +339,14 @@ PAGED_BUGS: tuple[SeededBug, ...] = (
         "index_completeness",
         lambda: ReferenceNewestAdapter(lambda c: NewestKeepsFirst(c.capacity, c.block_size, hit_cap=True)),
         _doc(NewestKeepsFirst),
+        8,
+        ReferenceNewestAdapter,
+    ),
+    SeededBug(
+        "newest-unkeys-owner",
+        "no_active_eviction",
+        lambda: ReferenceNewestAdapter(lambda c: NewestUnkeysOwner(c.capacity, c.block_size, hit_cap=True)),
+        _doc(NewestUnkeysOwner),
         8,
         ReferenceNewestAdapter,
     ),

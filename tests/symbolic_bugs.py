@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import z3
 
-from kvspec.spec.symbolic import RELEASE, Encoding, SymOp, SymState, Term
+from kvspec.spec.symbolic import RELEASE, Encoding, NewestEncoding, SymOp, SymState, Term
 
 
 class BuggyEncoding(Encoding):
@@ -76,6 +76,7 @@ class LeakOnRefusal(BuggyEncoding):
             klen=s.klen,
             kbits=s.kbits,
             hashed=s.hashed,
+            lost=s.lost,
             fill=s.fill,
             hits=s.hits,
             pos=tuple(z3.If(hits[t], self.num(-1), pos[t]) for t in n_),
@@ -151,6 +152,23 @@ class HitDropsKey(BuggyEncoding):
         )
 
 
+class NewestUnkeysOwner(BuggyEncoding, NewestEncoding):
+    name = "newest-unkeys-owner"
+    invariant = "no_active_eviction"
+    description = "duplicate_keys=newest: the new block takes the index entry by dropping the owner's key"
+
+    def displaced_keys(
+        self, keys: tuple[list[Term], list[Term], list[Term], list[Term]], displaced: Sequence[Term]
+    ) -> tuple[list[Term], list[Term], list[Term], list[Term]]:
+        klen, kbits, hashed, lost = keys
+        return (
+            [z3.If(d, self.num(0), v) for d, v in zip(displaced, klen, strict=True)],
+            [z3.If(d, self.bits(0), v) for d, v in zip(displaced, kbits, strict=True)],
+            [z3.And(z3.Not(d), v) for d, v in zip(displaced, hashed, strict=True)],
+            lost,
+        )
+
+
 VARIANTS: tuple[type[BuggyEncoding], ...] = (
     ForgetDecrement,
     DoubleDecrement,
@@ -162,5 +180,6 @@ VARIANTS: tuple[type[BuggyEncoding], ...] = (
     ReuseKeepsIndex,
     LostOnReclaim,
     SilentDoubleRelease,
+    NewestUnkeysOwner,
 )
 """Every seeded variant, in the order of tests/seeded_bugs.py's paged bugs."""

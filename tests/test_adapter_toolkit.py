@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -151,3 +152,30 @@ def test_newest_duplicate_takes_the_index_and_the_older_block_is_lost_once_the_o
     assert obs.objects[b_block].key == key and obs.index == {key: (b_block,)}
     assert model.step(Op("release", "b", keep=False)).lost == (key,)  # the owner's key went; a's is unreachable
     assert replay_ops(ReferenceNewestAdapter(), config, [*ops, Op("release", "b", keep=False)]) is None
+
+
+def test_declared_contracts_are_validated_and_only_they_are_allowed() -> None:
+    """Capabilities.contracts: each is OP:NAME of an implemented op; an undeclared contract op is never given."""
+    with pytest.raises(ValueError, match="OP:NAME"):
+        Capabilities(semantics=Semantics(), ops=frozenset({"admit"}), contracts=frozenset({"release:repeated"}))
+    with pytest.raises(ValueError, match="OP:NAME"):
+        Capabilities(semantics=Semantics(), contracts=frozenset({"release"}))
+    caps = Capabilities(semantics=Semantics(), contracts=frozenset({"release:repeated"}))
+    assert caps.allows(Op("release", "a", contract="repeated"))
+    assert not caps.allows(Op("release", "a", contract="twice")) and not caps.allows(
+        Op("admit", "a", (1,), contract="repeated")
+    )
+    assert Op.from_json(Op("release", "a", contract="repeated").to_json()).contract == "repeated"
+    assert "contract" not in Op("release", "a").to_json()  # plain ops serialize as before
+
+
+def test_only_an_adapter_with_contracts_gets_the_contract_rule() -> None:
+    """A machine without contracts is the plain one, so its draws (and every committed measurement) are unchanged."""
+    from kvspec.stateful_tests.harness import Tally
+    from kvspec.stateful_tests.machine import KVLifecycleWithContracts, build_machine
+
+    plain = ReferencePagedAdapter()
+    assert not issubclass(build_machine(plain, Tally()), KVLifecycleWithContracts)
+    plain.capabilities = dataclasses.replace(plain.capabilities, contracts=frozenset({"release:repeated"}))
+    machine = build_machine(plain, Tally())
+    assert issubclass(machine, KVLifecycleWithContracts) and machine.contracts == ("release:repeated",)

@@ -7,10 +7,14 @@ import json
 from pathlib import Path
 
 from clirun import kvspec
+from hypothesis import seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 from seeded_bugs import DropsEntryOnFree, ShortChain
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+from kvspec.stateful_tests.rounds import derandomized_seed
 
 
 class LostHitsAndShortChain(DropsEntryOnFree, ShortChain):
@@ -69,6 +73,41 @@ def test_a_random_run_names_its_seed_and_the_seed_replays_it(tmp_path: Path) -> 
     assert isinstance(first.seed, int) and first.report().to_json()["seed"] == first.seed
     again = run_check(ReferencePagedAdapter, name="reference", profile=profile, cases_dir=tmp_path, seed=first.seed)
     assert again.tally.coverage == first.tally.coverage
+
+
+DRAWN: list[int] = []
+
+
+class _Draws(RuleBasedStateMachine):
+    """Records what it draws."""
+
+    @rule(n=st.integers(0, 10**6))
+    def draw(self, n: int) -> None:
+        DRAWN.append(n)
+
+
+def _draws(machine_seed: int | None) -> list[int]:
+    """What ``_Draws`` draws, derandomized (None) or from ``machine_seed``."""
+    DRAWN.clear()
+    machine = _Draws if machine_seed is None else seed(machine_seed)(type("_Draws", (_Draws,), {}))
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=5, derandomize=machine_seed is None, database=None)
+    )
+    return list(DRAWN)
+
+
+def test_the_derandomized_seed_draws_what_a_derandomized_run_draws() -> None:
+    """The ci profile's reported seed is the one Hypothesis derandomizes with (on the installed version)."""
+    assert _draws(None) == _draws(derandomized_seed(_Draws)) != _draws(derandomized_seed(_Draws) + 1)
+
+
+def test_the_ci_profile_names_its_seed_and_the_seed_replays_it(tmp_path: Path) -> None:
+    ci = dataclasses.replace(PROFILES["ci"], max_examples=5, step_count=5)
+    first = run_check(ReferencePagedAdapter, name="reference", profile=ci, cases_dir=tmp_path)
+    assert first.derandomized and isinstance(first.seed, int) and first.report().to_json()["seed"] == first.seed
+    thorough = dataclasses.replace(PROFILES["thorough"], max_examples=5, step_count=5)
+    again = run_check(ReferencePagedAdapter, name="reference", profile=thorough, cases_dir=tmp_path, seed=first.seed)
+    assert again.tally.coverage == first.tally.coverage and again.seed == first.seed
 
 
 def test_the_report_carries_the_time_to_the_first_failure(tmp_path: Path) -> None:

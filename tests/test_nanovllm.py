@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,53 @@ def test_the_check_runs_in_its_child_process_and_reports_a_documented_finding(tm
         "no_spurious_refusal",
     }, result.failure
     assert "API generation 1" in result.adapter_version
+
+
+class FreesAgain(NanoVllmAdapter):
+    """A BlockManager whose deallocate, called again on a freed Sequence, drops the references of the table it
+    freed last time once more (a seeded bug on the misuse-contract path only: the Scheduler never repeats it)."""
+
+    def reset(self, config: Config) -> None:
+        super().reset(config)
+        base = self.bm_mod.BlockManager
+
+        class Manager(base):  # type: ignore[misc, valid-type]
+            def deallocate(self, seq: Any) -> None:
+                if not seq.block_table:  # already freed: the table it freed last time, once more
+                    for block_id in reversed(getattr(seq, "last_table", [])):
+                        self.blocks[block_id].ref_count -= 1
+                    return
+                seq.last_table = list(seq.block_table)
+                super().deallocate(seq)
+
+        self.bm = Manager(config.capacity, config.block_size)
+
+
+def _contract_steps(result: Any) -> int:
+    return sum(v for k, v in result.tally.coverage.items() if k.startswith("contract:"))
+
+
+def test_the_machine_draws_the_declared_repeated_free_and_nano_vllm_keeps_it(tmp_path: Path) -> None:
+    """Capabilities.contracts: the machine draws release/preempt with contract "repeated" (deallocate again);
+    the fork's deallocate clears the Sequence's table, so the repeat frees nothing: no safety invariant breaks."""
+    assert NanoVllmAdapter().capabilities.contracts == {"release:repeated", "preempt:repeated"}
+    result = run_check(
+        NanoVllmAdapter, name="nano-vllm", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40, refine=False
+    )
+    assert _contract_steps(result) > 0, result.tally.coverage
+    broken = {row["name"] for row in result.report().to_json()["invariants"] if row["verdict"] == "violated"}
+    assert broken <= {"no_spurious_refusal"}, broken  # the documented policy finding, nothing of the contract
+
+
+def test_a_seeded_bug_on_the_contract_path_is_reported(tmp_path: Path) -> None:
+    ops = [Op("admit", "a", (1, 2, 3)), Op("release", "a", contract="repeated")]
+    found = replay_ops(FreesAgain(), Config(capacity=4, block_size=2), ops, refine=False)
+    assert found is not None and found.step == 1 and "non_negative_ref_counts" in found.failures, found
+    assert replay_ops(NanoVllmAdapter(), Config(capacity=4, block_size=2), ops, refine=False) is None
+    # The machine draws it too, and reports the contract op by name in the shrunk case.
+    result = run_check(
+        FreesAgain, name="frees-again", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=100, refine=False
+    )
+    assert result.failure is not None, result.status
+    assert {"non_negative_ref_counts", "ref_count_matches_references"} & set(result.failure.failures), result.failure
+    assert any(op.contract == "repeated" for op in result.failure_ops), result.failure_ops

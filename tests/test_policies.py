@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from seeded_bugs import RanksReferenced, _policy_paged
+from seeded_bugs import RanksReferenced, _policy_paged, by_name
 
 from kvspec.adapters import load
 from kvspec.adapters.reference_paged import (
     ReferenceFamilyProtectAdapter,
+    ReferenceNewestAdapter,
     ReferencePagedAdapter,
     ReferenceScoreAdapter,
     ReferenceSharedAwareAdapter,
@@ -428,3 +429,48 @@ def test_a_pool_that_ignores_the_admission_gate_is_held_to_it(tmp_path: Path) ->
     # A cold two-block prompt released: the spec leaves its second block uncached (free), the pool cached it.
     assert result.failure.invariant == "predicted_free_capacity", result.failure
     assert len(result.failure_ops) == 2
+
+
+# no_spurious_refusal judges a hit on a duplicated key by the declared duplicate_keys, from the objects and when
+# each got its key: r1 fills a second block under r0's first key while r0 runs; r0 leaves; r2 needs two new blocks.
+DUPLICATE_PRESSURE = [
+    Op("admit", "r0", (0, 0, 1)),
+    Op("admit", "r1", (0, 0)),
+    Op("release", "r0"),
+    Op("admit", "r2", (0, 0, 1, 1, 0, 0)),
+]
+
+
+def test_no_spurious_refusal_takes_the_newest_duplicate_not_the_index_entry_an_implementation_kept() -> None:
+    """newest-keeps-first hits the idle older duplicate its index kept, though the newest (r1's block) is in use:
+    free 1 + evictable 1 covers the 2 blocks r2 needs. The old judgement took the index's entry and saw no room."""
+    cfg = Config(capacity=3, block_size=2)
+    found = replay_ops(by_name("newest-keeps-first").factory(), cfg, DUPLICATE_PRESSURE, refine=False)
+    assert found is not None and found.step == 3 and list(found.failures) == ["no_spurious_refusal"]
+    assert replay_ops(ReferenceNewestAdapter(), cfg, DUPLICATE_PRESSURE) is None
+    # Without the record of when each block got its key, the judgement falls back to the index's entry: no room.
+    model = LedgerModel(cfg, Semantics(duplicate_keys="newest"))
+    for op in DUPLICATE_PRESSURE[:3]:
+        model.step(op)
+    before = model.observe()
+    r1 = before.requests["r1"].objects[0]
+    key = before.objects[r1].key
+    idle = next(oid for oid, o in before.objects.items() if o.key == key and oid != r1)
+    kept_first = dataclasses.replace(before, index={**(before.index or {}), key: (idle,)})
+    t = _transition(
+        kept_first, DUPLICATE_PRESSURE[3], Outcome.refused(), kept_first, Semantics(duplicate_keys="newest")
+    )
+    assert check_transition(t)["no_spurious_refusal"] == []
+
+
+def test_no_spurious_refusal_keeps_vllms_declared_first_entry_hit() -> None:
+    """duplicate_keys="indexed" (vLLM): hits take the first entry, the idle older block; the refusal is not spurious."""
+    cfg, sem = Config(capacity=3, block_size=2), Semantics(duplicate_keys="indexed", free_uncached="head")
+    model, memory = LedgerModel(cfg, sem), KeyMemory()
+    verdicts = []
+    for op in DUPLICATE_PRESSURE:
+        before = model.observe()
+        step = model.step(op)
+        t = Transition(before, op, step.outcome, (), model.observe(), cfg, sem, memory)
+        verdicts.append((step.outcome.status, check_transition(t)["no_spurious_refusal"]))
+    assert verdicts[-1] == ("refused", [])

@@ -170,5 +170,8 @@ def test_a_long_run_goes_in_rounds_of_fresh_runners(monkeypatch: pytest.MonkeyPa
         assert [n for _, n in calls] == [4, 4, 2]
         assert calls[0][0] is None and len({s for s, _ in calls[1:]}) == 2  # derandomized first, then two seeds
     assert steps[0] == steps[1]  # a derandomized run in rounds is still reproducible
+    assert result.derandomized and isinstance(result.seed, int)  # and its report names the seed it drew from
+    replayed = check(10, seed=result.seed)  # --seed with it: the same run, later rounds included
+    assert replayed.tally.steps == steps[0] and calls[0][0] is None
     check(6, seed=7)
     assert [s for s, _ in calls] == [7, rounds.round_seed(7, 1)]

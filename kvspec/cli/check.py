@@ -22,7 +22,12 @@ def register(sub: Any) -> None:
     check = sub.add_parser("check", help="run the conformance suite against one adapter")
     check.add_argument("--adapter", default="reference", help="adapter name or pkg.module:Factory (default: reference)")
     check.add_argument("--profile", choices=sorted(PROFILES), default="ci", help="ci: deterministic, bounded (default)")
-    check.add_argument("--seed", type=int, default=None, help="random seed (overrides the ci profile's fixed one)")
+    check.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the run (default: a drawn one, or the ci profile's derandomized one; the report names it)",
+    )
     check.add_argument("--max-examples", type=int, default=None, help="number of random op sequences")
     check.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     check.add_argument("--junit", type=Path, default=None, help="write JUnit XML here")

@@ -38,6 +38,10 @@ class KeyMemory:
     quality: PolicyQuality = field(default_factory=PolicyQuality)
     # Block granularity: each live request's tokens as last seen, and the keys of their full blocks.
     chains: dict[str, tuple[Content, list[BlockKey]]] = field(default_factory=dict)
+    # Block granularity: when each cached block was first seen carrying its key (oid -> (key, sequence number)):
+    # which duplicate of a key is the oldest or the newest, from the observations, not the index's order.
+    keyed: dict[Hashable, tuple[Hashable, int]] = field(default_factory=dict)
+    keyed_seq: int = 0
 
     def block_keys(self, request: RequestView, block_size: int) -> list[BlockKey]:
         """The spec's keys of the request's full blocks, in order.
@@ -92,3 +96,16 @@ class KeyMemory:
             queued = after.objects.get(oid)
             if queued is None or queued.key is None or queued.ref_count:
                 del self.free_order[oid]
+        self._track_keyed(t, left)
+
+    def _track_keyed(self, t: Transition, left: set[Hashable]) -> None:
+        """Keep ``keyed``: exactly the objects of ``t.after`` that carry a key, numbered when they got it."""
+        self.keyed_seq += 1
+        for oid, obj in t.after.objects.items():
+            seen = self.keyed.get(oid)
+            if obj.key is None:
+                self.keyed.pop(oid, None)
+            elif seen is None or seen[0] != obj.key or oid in left:
+                self.keyed[oid] = (obj.key, self.keyed_seq)
+        for oid in set(self.keyed) - set(t.after.objects):
+            del self.keyed[oid]

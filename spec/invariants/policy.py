@@ -46,7 +46,10 @@ def no_spurious_refusal(t: Transition) -> Problems:
 
     Evictable: unreferenced cached objects the operation does not hit itself. Holds
     for every eviction order, whatever a policy protects. Judged on every valid
-    admit, resume and append (one that succeeds holds it trivially).
+    admit, resume and append (one that succeeds holds it trivially). Which block a
+    hit takes where several carry its key is the declared duplicate_keys' choice,
+    judged from the objects and when each got its key, not from the index's
+    order (see ``_declared_hit``).
     """
     if t.op.op not in ("admit", "resume", "append") or bad_input(t) is not None:
         return None
@@ -90,10 +93,30 @@ def _hit_chain(t: Transition, tokens: Content) -> list[Hashable]:
         key = t.memory.key_of.get(content)
         if key is None or not index.get(key):
             break
-        hits.append(index[key][0])
+        hits.append(_declared_hit(t, key, index[key][0]))
     if t.semantics.hit_cap:
         hits = hits[: max(len(tokens) - 1, 0) // bs]
     return hits
+
+
+def _declared_hit(t: Transition, key: Hashable, entry: Hashable) -> Hashable:
+    """The block a lookup of ``key`` takes under the declared duplicate_keys, among the blocks that carry it.
+
+    From the objects of ``t.before`` and when each was first seen with its key
+    (``KeyMemory.keyed``): ``newest`` the block that got the key last; ``indexed``
+    (the index in insertion order, hits taking the first) and ``unkeyed`` the one
+    that got it first. ``entry``, the index's own first entry, only where no object
+    seen so far carries the key.
+    """
+    listed = list(t.before.index.get(key, ()) if t.before.index else ())
+    seen: list[tuple[int, int, Hashable]] = []
+    for oid, obj in t.before.objects.items():
+        mark = t.memory.keyed.get(oid)
+        if obj.key == key and mark is not None:
+            seen.append((mark[1], listed.index(oid) if oid in listed else len(listed), oid))
+    if not seen:
+        return entry
+    return (max(seen) if t.semantics.duplicate_keys == "newest" else min(seen))[2]
 
 
 def _blocks_taken(t: Transition) -> int:
