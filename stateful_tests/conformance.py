@@ -160,9 +160,7 @@ def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[st
     semantics = adapter.capabilities.semantics
     exact = semantics.exact and refine
     return frozenset(
-        inv.name
-        for inv in INVARIANTS
-        if (inv.kind != "refinement" or exact) and semantics.granularity in inv.granularities
+        inv.name for inv in INVARIANTS if (inv.kind != "refinement" or exact) and inv.applies(semantics)
     ) | {ADAPTER_CONTRACT}
 
 
