@@ -193,6 +193,12 @@ class Vllm:
             kv_cache_group_id=GROUP,
         )
 
+    @staticmethod
+    def remove_skipped_blocks(manager: Any, request_id: str, num_computed_tokens: int) -> None:
+        """Release the blocks out of every group's window: the manager's method (0.11+), else its coordinator's."""
+        owner = manager if hasattr(manager, "remove_skipped_blocks") else manager.coordinator
+        owner.remove_skipped_blocks(request_id, num_computed_tokens)
+
     def drop_cached(self, pool: Any, blocks: Iterable[Any]) -> None:
         """Drop blocks' prefix-cache entries through vLLM (evict_blocks from 0.13, the per-block helper before)."""
         blocks = list(blocks)

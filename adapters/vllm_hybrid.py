@@ -130,7 +130,7 @@ class VllmHybridAdapter(VllmAdapter):
             for i, block in enumerate(table):
                 if not block.is_null and block.block_hash is not None:
                     self.content[block.block_hash] = (g, tokens[: (i + 1) * group.block_size])
-        self.manager.remove_skipped_blocks(request.request_id, request.num_computed_tokens)
+        self.vllm.remove_skipped_blocks(self.manager, request.request_id, request.num_computed_tokens)
 
     def _schedule(self, request: Any) -> Outcome:
         outcome = super()._schedule(request)
