@@ -70,6 +70,8 @@ class Vllm:
     FullAttentionSpec: Any
     sha256: Any
     get_request_block_hasher: Any
+    SlidingWindowSpec: Any = None  # None: this release has no hybrid allocator
+    ChunkedLocalAttentionSpec: Any = None
 
     # -- construction -----------------------------------------------------------
     def kv_cache_config(self, num_blocks: int, block_size: int) -> Any:
@@ -85,13 +87,49 @@ class Vllm:
         group = _build(self.KVCacheGroupSpec, layer_names=["layer.0"], kv_cache_spec=spec)
         return _build(self.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[group])
 
-    def manager(self, num_blocks: int, block_size: int, max_model_len: int) -> Any:
-        """A KVCacheManager with prefix caching, no stats, no events, no watermark."""
+    def attention_spec(self, kind: str, block_size: int, window: int = 0, chunk: int = 0) -> Any:
+        """One KV cache group's spec of vLLM's own class: full, sliding-window or chunked local attention."""
+        common: dict[str, Any] = {
+            "block_size": block_size,
+            "num_kv_heads": 1,
+            "head_size": 1,
+            "dtype": self.torch.float32,
+            "use_mla": False,  # a required field up to 0.10
+        }
+        if kind == "full":
+            return _build(self.FullAttentionSpec, **common)
+        if kind == "sliding_window" and self.SlidingWindowSpec is not None:
+            return _build(self.SlidingWindowSpec, sliding_window=window, **common)
+        if kind == "chunked_local" and self.ChunkedLocalAttentionSpec is not None:
+            return _build(self.ChunkedLocalAttentionSpec, attention_chunk_size=chunk, **common)
+        raise ImportError(f"vLLM {self.version} has no {kind} KV cache spec")
+
+    def hybrid_kv_cache_config(self, num_blocks: int, specs: Sequence[Any]) -> Any:
+        """One KV cache group per spec, all taking blocks from one pool of ``num_blocks`` (block 0: the null block)."""
+        groups = [
+            _build(self.KVCacheGroupSpec, layer_names=[f"layer.{i}"], kv_cache_spec=spec)
+            for i, spec in enumerate(specs)
+        ]
+        return _build(self.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+    def manager(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        config: Any = None,
+        scheduler_block_size: int | None = None,
+    ) -> Any:
+        """A KVCacheManager with prefix caching, no stats, no events, no watermark.
+
+        ``config``: a KV cache config (default: one full-attention group of ``block_size``);
+        ``scheduler_block_size``: the hit granularity (default ``block_size``, the hash block size).
+        """
         return _call(
             self.KVCacheManager,
-            self.kv_cache_config(num_blocks, block_size),
+            config if config is not None else self.kv_cache_config(num_blocks, block_size),
             max_model_len=max_model_len,
-            scheduler_block_size=block_size,  # 0.23+
+            scheduler_block_size=scheduler_block_size or block_size,  # 0.23+
             hash_block_size=block_size,  # 0.12+
             max_num_batched_tokens=max_model_len,  # 0.20 - 0.25
             max_in_flight_tokens=max_model_len,  # 0.26+
@@ -154,6 +192,12 @@ class Vllm:
             block_size=block_size,
             kv_cache_group_id=GROUP,
         )
+
+    @staticmethod
+    def remove_skipped_blocks(manager: Any, request_id: str, num_computed_tokens: int) -> None:
+        """Release the blocks out of every group's window: the manager's method (0.11+), else its coordinator's."""
+        owner = manager if hasattr(manager, "remove_skipped_blocks") else manager.coordinator
+        owner.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def drop_cached(self, pool: Any, blocks: Iterable[Any]) -> None:
         """Drop blocks' prefix-cache entries through vLLM (evict_blocks from 0.13, the per-block helper before)."""
@@ -279,5 +323,7 @@ def load() -> Vllm:
         FullAttentionSpec=iface.FullAttentionSpec,
         sha256=sha256,
         get_request_block_hasher=utils_mod.get_request_block_hasher,
+        SlidingWindowSpec=getattr(iface, "SlidingWindowSpec", None),
+        ChunkedLocalAttentionSpec=getattr(iface, "ChunkedLocalAttentionSpec", None),
     )
     return _VLLM

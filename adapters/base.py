@@ -28,6 +28,10 @@ class Capabilities:
       refinement checks hold it to the spec's predictions.
     fixed_config: the pool is fixed by the implementation (a live server): the
       suite uses it instead of drawing pool sizes.
+    pool_scale: pool blocks one prompt block takes: several KV cache groups each
+      hold a table per request over one pool (spec.hybrid), so the suite draws
+      pools this many times larger and sizes its long prompts by the pool over the
+      scale, so that prompts run as long, past windows and chunks, as with one group.
     observes_index: the observation carries the cache index.
     live: a running server checked from the outside (completions in, events out): it
       implements the live protocol (``start``, ``complete``, ``check``, ...) instead of
@@ -51,6 +55,7 @@ class Capabilities:
     semantics: Semantics
     ops: frozenset[OpKind] = frozenset(OP_KINDS)
     fixed_config: Config | None = None
+    pool_scale: int = 1
     observes_index: bool = True
     version: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)

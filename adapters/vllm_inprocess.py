@@ -221,19 +221,28 @@ class VllmProjection:
         return outcome
 
     # -- projection ---------------------------------------------------------------------------
+    def _request_blocks(self, rid: str, request: Any, blocks: list[Any]) -> tuple[tuple[int, ...], dict[int, int]]:
+        """A running request's object table (block ids) and the tokens each of its blocks holds."""
+        n, bs = request.num_tokens, self.block_size
+        return tuple(b.block_id for b in blocks), {b.block_id: min(bs, n - i * bs) for i, b in enumerate(blocks)}
+
+    def _extra(self, walk: shims.QueueWalk) -> dict[str, object]:
+        """What the observation shows beside the ledger."""
+        return {
+            "num_free_blocks": walk.counter,
+            "free_queue_walked": len(walk.blocks),
+            "free_queue_complete": walk.complete,
+        }
+
     def observe(self) -> Observation:
         pool, bs = self.pool, self.block_size
         tables = self._tables()
         tokens_in: dict[int, int] = {}
         requests: dict[str, RequestView] = {}
         for rid, request in self.running.items():
-            blocks = tables.get(rid, [])
-            n = request.num_tokens
-            for i, block in enumerate(blocks):
-                tokens_in[block.block_id] = min(bs, n - i * bs)
-            requests[rid] = RequestView(
-                rid, tuple(request.all_token_ids), request.num_prompt_tokens, tuple(b.block_id for b in blocks)
-            )
+            table, tokens = self._request_blocks(rid, request, tables.get(rid, []))
+            tokens_in.update(tokens)
+            requests[rid] = RequestView(rid, tuple(request.all_token_ids), request.num_prompt_tokens, table)
         for rid, request in self.waiting.items():
             requests[rid] = RequestView(rid, tuple(request.all_token_ids), request.num_prompt_tokens, (), "preempted")
         objects = {
@@ -244,12 +253,9 @@ class VllmProjection:
         walk = shims.walk_free_queue(pool.free_block_queue, bound=len(pool.blocks) + 1)
         cached_free = sum(1 for b in walk.blocks if b.block_hash is not None and b.ref_cnt == 0)
         index = {key: tuple(b.block_id for b in blocks) for key, blocks in shims.hash_map_entries(pool)}
-        extra = {
-            "num_free_blocks": walk.counter,
-            "free_queue_walked": len(walk.blocks),
-            "free_queue_complete": walk.complete,
-        }
-        return Observation(pool.num_gpu_blocks - 1, walk.counter - cached_free, objects, requests, index, extra)
+        return Observation(
+            pool.num_gpu_blocks - 1, walk.counter - cached_free, objects, requests, index, self._extra(walk)
+        )
 
 
 class VllmAdapter(VllmProjection):

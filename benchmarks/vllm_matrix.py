@@ -51,6 +51,12 @@ ADAPTERS = {
     "vllm": "kvspec.adapters.vllm_inprocess:VllmAdapter",
     "vllm-blockpool": "kvspec.adapters.vllm_blockpool:VllmBlockPoolAdapter",
     "vllm-blockpool-single": "kvspec.adapters.vllm_blockpool:single_frees",
+    # the hybrid allocator (docs/vllm.md): several KV cache groups over one pool
+    "vllm-hybrid-sliding": "kvspec.adapters.vllm_hybrid:sliding",
+    "vllm-sliding": "kvspec.adapters.vllm_hybrid:sliding_only",
+    "vllm-hybrid-local": "kvspec.adapters.vllm_hybrid:local",
+    "vllm-hybrid-mixed": "kvspec.adapters.vllm_hybrid:mixed",
+    "vllm-hybrid-sizes": "kvspec.adapters.vllm_hybrid:sizes",
 }
 DEFAULT_ADAPTERS = ("vllm", "vllm-blockpool")
 FOLLOW_UP = {"vllm-blockpool": "vllm-blockpool-single"}

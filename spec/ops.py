@@ -13,6 +13,7 @@ from typing import Any, Literal, cast
 from .radix import RadixOrder
 
 Granularity = Literal["block", "record", "entry"]
+Layout = Literal["one_table", "per_group"]
 OpKind = Literal["admit", "append", "release", "preempt", "resume", "reset_cache"]
 Status = Literal["ok", "refused", "invalid"]
 EvictionOrder = Literal["lru", "lifecycle", "score", "shared_aware", "family_protect"] | RadixOrder
@@ -129,6 +130,13 @@ class Semantics:
       never push a protected family out. It never refuses anything. None: off.
     exact: the implementation claims these semantics exactly, so the spec's
       predictions (free capacity, hits, admission, evicted object) must match.
+    layout: ``one_table``: one full-attention KV cache group, and a request's object
+      table is its table in token order. ``per_group``: several KV cache groups share
+      the pool (spec.hybrid); a request's object table lists the real blocks of every
+      group's table, group by group, without the null placeholder, and the adapter
+      shows the groups it declares for the pool (spec.hybrid.KvGroup: attention kind,
+      block size, window or chunk in tokens, release of out-of-window blocks) with the
+      per-group tables in a HybridView, which the hybrid invariants judge.
     """
 
     granularity: Granularity = "block"
@@ -140,6 +148,7 @@ class Semantics:
     free_uncached: FreeUncached = "tail"
     protect_min_hits: int = 1
     admission_anchor_blocks: int | None = None
+    layout: Layout = "one_table"
 
     def __post_init__(self) -> None:
         if self.protect_min_hits < 0:
@@ -158,6 +167,7 @@ class Semantics:
             "free_uncached": self.free_uncached,
             "protect_min_hits": self.protect_min_hits,
             "admission_anchor_blocks": self.admission_anchor_blocks,
+            "layout": self.layout,
         }
 
 

@@ -168,7 +168,7 @@ def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[st
         inv.name
         for inv in INVARIANTS
         if (inv.kind != "refinement" or exact)
-        and semantics.granularity in inv.granularities
+        and inv.applies(semantics)
         and (radix or inv.name not in radix_names)
     ) | {ADAPTER_CONTRACT}
 

@@ -50,7 +50,8 @@ class KVLifecycle(RuleBasedStateMachine):
     declines: ClassVar[frozenset[str]]
     bad_kinds: ClassVar[tuple[str, ...]]
     harness: Harness
-    max_tokens: int
+    max_tokens: int  # the longest prompt an empty pool holds (longer is bad input)
+    long_tokens: int  # the long prompts' bound: that over the adapter's pool_scale
 
     def __init__(self) -> None:
         super().__init__()
@@ -92,7 +93,7 @@ class KVLifecycle(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def admit_long(self, data: st.DataObject) -> None:
-        self._admit(long_prompt(data, self.templates, self.max_tokens))
+        self._admit(long_prompt(data, self.templates, self.long_tokens))
 
     @precondition(
         lambda self: "append" in self.ops and any(r.state == "running" for r in self.harness.obs.requests.values())
@@ -273,11 +274,12 @@ def build_machine(
         bad_kinds = bad_input_kinds(caps.ops, granularity)
         contracts = tuple(sorted(caps.contracts))
 
-        @initialize(config=configs(caps.semantics, ranges, caps.fixed_config), data=st.data())
+        @initialize(config=configs(caps.semantics, ranges, caps.fixed_config, caps.pool_scale), data=st.data())
         def start(self, config: Config, data: st.DataObject) -> None:
             self.harness = Harness(adapter, config, tally, refine=refine)
             self.templates = data.draw(families(config.block_size), label="templates")
             self.max_tokens = max_prompt_tokens(config, granularity)
+            self.long_tokens = max(1, self.max_tokens // caps.pool_scale)
 
     Bound.__name__ = f"KVLifecycle[{adapter.name}]"
     return Bound

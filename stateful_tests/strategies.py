@@ -36,8 +36,10 @@ class PoolRanges:
 DEFAULT_RANGES = PoolRanges()
 
 
-def configs(semantics: Semantics, ranges: PoolRanges, fixed: Config | None = None) -> st.SearchStrategy[Config]:
-    """Pool configurations for one example."""
+def configs(
+    semantics: Semantics, ranges: PoolRanges, fixed: Config | None = None, scale: int = 1
+) -> st.SearchStrategy[Config]:
+    """Pool configurations for one example; block pools ``scale`` times the ranges' (several KV cache groups)."""
     if fixed is not None:
         return st.just(fixed)
     if semantics.granularity == "entry":
@@ -47,7 +49,10 @@ def configs(semantics: Semantics, ranges: PoolRanges, fixed: Config | None = Non
             block_size=st.just(1),
             bytes_per_token=st.sampled_from(ranges.bytes_per_token),
         )
-    return st.builds(Config, capacity=st.integers(*ranges.capacity), block_size=st.sampled_from(ranges.block_sizes))
+    low, high = ranges.capacity
+    return st.builds(
+        Config, capacity=st.integers(low * scale, high * scale), block_size=st.sampled_from(ranges.block_sizes)
+    )
 
 
 @cache

@@ -26,6 +26,7 @@ from seeded_bugs import (
     SeededBug,
 )
 from sglang_bugs import SGLANG_BUGS
+from vllm_hybrid_bugs import HYBRID_BUGS
 
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.case import CASE_SCHEMA
@@ -186,8 +187,14 @@ def test_every_invariant_has_a_seeded_bug() -> None:
     """Each named invariant, the adapter contract included, is the target of at least one seeded bug.
 
     The radix invariants' bugs are seeded into SGLang's own tree (tests/sglang_bugs.py, run by
-    tests/test_sglang_adapter.py where SGLang is installed); every other invariant's into a reference."""
-    targeted = {bug.invariant for bug in SEEDED_BUGS} | {bug.invariant for bug in SGLANG_BUGS}
+    tests/test_sglang_adapter.py where SGLang is installed), the hybrid invariants' into vLLM's hybrid
+    allocator (tests/vllm_hybrid_bugs.py, run by tests/test_vllm_hybrid.py where vLLM is installed); every
+    other invariant's into a reference."""
+    targeted = (
+        {bug.invariant for bug in SEEDED_BUGS}
+        | {bug.invariant for bug in SGLANG_BUGS}
+        | {bug.invariant for bug in HYBRID_BUGS}
+    )
     assert set(INVARIANT_NAMES) - targeted == set()
     assert targeted <= set(INVARIANT_NAMES)
     assert {bug.named_first for bug in SEEDED_BUGS} - {""} <= set(INVARIANT_NAMES)

@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from kvspec.cli import main
 from kvspec.report import REPORT_KEYS
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
-from kvspec.spec.invariants import RADIX_INVARIANTS
+from kvspec.spec.invariants import VIEW_INVARIANTS
 from kvspec.traces import check_trace
 from kvspec.traces.codec import decode, encode, observation_from_json, observation_to_json
 
 DATA = Path(__file__).parent / "data" / "traces"
-RADIX_NAMES = {inv.name for inv in RADIX_INVARIANTS}
+RADIX_NAMES = {inv.name for inv in VIEW_INVARIANTS}  # a radix tree's and a hybrid cache's view
 KVSPEC_GOOD = DATA / "reference_kvspec.jsonl"
 SIDE_GOOD = DATA / "reference_side_table.jsonl"
 SHARED_AWARE = DATA / "shared_aware_side_table.jsonl"

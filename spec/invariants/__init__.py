@@ -10,6 +10,7 @@ no verdict.
 
 from __future__ import annotations
 
+from .hybrid import HYBRID_SAFETY
 from .key_memory import KeyMemory
 from .policy import POLICY
 from .quality import PolicyQuality, eviction_choices, orphaned_blocks
@@ -18,16 +19,25 @@ from .refinement import REFINEMENT
 from .safety import SAFETY
 from .transition import Invariant, Kind, Problems, Transition
 
-INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *SAFETY, *REFINEMENT, *POLICY, *RADIX_POLICY)
+INVARIANTS: tuple[Invariant, ...] = (*HYBRID_SAFETY, *RADIX_SAFETY, *SAFETY, *REFINEMENT, *POLICY, *RADIX_POLICY)
 """Every invariant, in the order a report names a step's broken invariants: safety first (within a kind,
 the most specific cause before the generic symptoms it also produces), then refinement, then policy (last,
 so that adding them changed no existing counterexample's first name). A new invariant is one function and
 one entry in its kind's tuple. The radix ones (spec.invariants.radix) apply only to an adapter that shows a
-RadixView; their safety checks come first, as the tree-level cause of the block-level symptoms."""
+RadixView; their safety checks come first, as the tree-level cause of the block-level symptoms. The hybrid
+ones (spec.invariants.hybrid) apply only to an implementation that declares several KV cache groups
+(Semantics.layout ``per_group``), and the checks that read one table per request only to the others."""
 
 RADIX_INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *RADIX_POLICY)
 """The invariants over a radix tree's RadixView (spec.radix): they apply only to adapters that show one, and
 the block ledger's Z3 encoding, which has no tree, has no twin of them."""
+
+HYBRID_INVARIANTS: tuple[Invariant, ...] = HYBRID_SAFETY
+"""The invariants over a hybrid cache's HybridView (spec.hybrid): they apply only to adapters that declare KV
+cache groups; the block ledger's Z3 encoding has one table per request and no window, so it has no twin of them."""
+
+VIEW_INVARIANTS: tuple[Invariant, ...] = (*RADIX_INVARIANTS, *HYBRID_INVARIANTS)
+"""The invariants that read what an adapter shows beside the ledger (a RadixView or a HybridView)."""
 
 ADAPTER_CONTRACT = "adapter_contract"
 """Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""
@@ -40,7 +50,7 @@ def check_transition(t: Transition) -> dict[str, Problems]:
 
     Afterwards ``t.memory`` learns what the next transition's policy checks need.
     """
-    results = {inv.name: inv.check(t) for inv in INVARIANTS}
+    results = {inv.name: inv.check(t) if inv.applies(t.semantics) else None for inv in INVARIANTS}
     t.memory.track(t)
     return results
 
@@ -49,6 +59,7 @@ __all__ = [
     "ADAPTER_CONTRACT",
     "INVARIANTS",
     "INVARIANT_NAMES",
+    "HYBRID_INVARIANTS",
     "Invariant",
     "KeyMemory",
     "Kind",
@@ -56,6 +67,7 @@ __all__ = [
     "RADIX_INVARIANTS",
     "Problems",
     "Transition",
+    "VIEW_INVARIANTS",
     "check_transition",
     "eviction_choices",
     "orphaned_blocks",

@@ -19,7 +19,7 @@ from ..policies import (
     prefix_depth,
     retention_score,
 )
-from .transition import Invariant, Problems, Transition, bad_input, eviction_candidates
+from .transition import ONE_TABLE, Invariant, Problems, Transition, bad_input, eviction_candidates
 
 
 def candidates_unreferenced(t: Transition) -> Problems:
@@ -277,6 +277,6 @@ def _fmt(key: tuple[float, ...]) -> str:
 
 POLICY: tuple[Invariant, ...] = (
     Invariant("candidates_unreferenced", "policy", candidates_unreferenced),
-    Invariant("no_spurious_refusal", "policy", no_spurious_refusal),
-    Invariant("policy_conformance", "policy", policy_conformance),
+    Invariant("no_spurious_refusal", "policy", no_spurious_refusal, layouts=ONE_TABLE),
+    Invariant("policy_conformance", "policy", policy_conformance, layouts=ONE_TABLE),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .transition import Invariant, Problems, Transition
+from .transition import ONE_TABLE, Invariant, Problems, Transition
 
 
 def predicted_admission(t: Transition) -> Problems:
@@ -96,9 +96,9 @@ def _short(contents: object) -> str:
 
 
 REFINEMENT: tuple[Invariant, ...] = (
-    Invariant("index_completeness", "refinement", index_completeness, frozenset({"block"})),
-    Invariant("predicted_admission", "refinement", predicted_admission),
-    Invariant("predicted_eviction", "refinement", predicted_eviction),
-    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits),
-    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity),
+    Invariant("index_completeness", "refinement", index_completeness, frozenset({"block"}), ONE_TABLE),
+    Invariant("predicted_admission", "refinement", predicted_admission, layouts=ONE_TABLE),
+    Invariant("predicted_eviction", "refinement", predicted_eviction, layouts=ONE_TABLE),
+    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits, layouts=ONE_TABLE),
+    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity, layouts=ONE_TABLE),
 )

@@ -10,7 +10,7 @@ from collections.abc import Hashable
 
 from ..block_key import Prefix
 from ..ops import blocks_for, size_of
-from .transition import Invariant, Problems, Transition, bad_input
+from .transition import ONE_TABLE, Invariant, Problems, Transition, bad_input
 
 # -- state invariants -----------------------------------------------------------------
 
@@ -263,10 +263,10 @@ SAFETY: tuple[Invariant, ...] = (
     Invariant("bad_input_rejected", "safety", bad_input_rejected),
     Invariant("atomic_failure", "safety", atomic_failure),
     Invariant("no_active_eviction", "safety", no_active_eviction),
-    Invariant("hit_keeps_key", "safety", hit_keeps_key, frozenset({"block"})),
-    Invariant("share_without_duplication", "safety", share_without_duplication),
-    Invariant("tail_rounding", "safety", tail_rounding),
-    Invariant("cache_index_consistency", "safety", cache_index_consistency),
+    Invariant("hit_keeps_key", "safety", hit_keeps_key, frozenset({"block"}), ONE_TABLE),
+    Invariant("share_without_duplication", "safety", share_without_duplication, layouts=ONE_TABLE),
+    Invariant("tail_rounding", "safety", tail_rounding, layouts=ONE_TABLE),
+    Invariant("cache_index_consistency", "safety", cache_index_consistency, layouts=ONE_TABLE),
     Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
     Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
     Invariant("capacity_conservation", "safety", capacity_conservation),

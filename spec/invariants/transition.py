@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from .key_memory import KeyMemory
 
 Problems = list[str] | None
+
+ONE_TABLE = frozenset({"one_table"})
+"""The layouts of a check that reads a request's blocks as one table in token order (position i holds tokens
+i*block_size..): a cache with several KV cache groups is judged on the same property per group instead
+(spec.invariants.hybrid)."""
 Kind = Literal["safety", "refinement", "policy"]
 """safety: every implementation; refinement: implementations that declare exact semantics; policy: every
 implementation, judged against the eviction order and admission rules it declares (exact or not)."""
@@ -46,6 +51,11 @@ class Invariant:
     kind: Kind
     check: Callable[[Transition], Problems]
     granularities: frozenset[str] = frozenset({"block", "record", "entry"})  # where it can be judged at all
+    layouts: frozenset[str] = frozenset({"one_table", "per_group"})  # Semantics.layout it can judge
+
+    def applies(self, semantics: Semantics) -> bool:
+        """Whether this invariant can be judged at all for an implementation declaring ``semantics``."""
+        return semantics.granularity in self.granularities and semantics.layout in self.layouts
 
     @property
     def doc(self) -> str:

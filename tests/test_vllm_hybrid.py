@@ -1,0 +1,75 @@
+"""vLLM's hybrid allocator: the suite passes on several KV cache groups sharing one pool, and bites on vLLM.
+
+Needs the vLLM extra; skipped otherwise (the core suite passes without it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
+
+from vllm_bugs import VllmBug
+from vllm_hybrid_bugs import HYBRID_BUGS
+
+from kvspec.adapters import load
+from kvspec.adapters.vllm_hybrid import VllmHybridAdapter
+from kvspec.spec import INVARIANTS, Config, Op
+from kvspec.spec.hybrid import hybrid_view
+from kvspec.spec.invariants import HYBRID_INVARIANTS
+from kvspec.stateful_tests import PROFILES, run_check
+
+HYBRID_NAMES = {inv.name for inv in HYBRID_INVARIANTS}
+ONE_TABLE_NAMES = {inv.name for inv in INVARIANTS if inv.layouts == frozenset({"one_table"})}
+
+
+def test_sliding_window_releases_out_of_window_blocks() -> None:
+    """After a 17-token prompt with a window of 8 tokens in blocks of 4, the window group holds the null
+    placeholder at its first two positions, full attention all five blocks; the released blocks are free."""
+    adapter = VllmHybridAdapter("sliding")
+    adapter.reset(Config(capacity=12, block_size=4))
+    assert adapter.apply(Op("admit", "a", tuple(range(17)))).status == "ok"
+    obs = adapter.observe()
+    view = hybrid_view(obs)
+    assert view is not None
+    full, window = view.tables["a"]
+    assert len(full) == 5 and None not in full
+    assert window[:2] == (None, None) and None not in window[2:] and len(window) == 5
+    assert len(obs.requests["a"].objects) == 8  # the null placeholder is no block of the request
+    assert view.null not in obs.objects and view.null not in view.free_queue
+
+
+def test_hit_is_the_longest_every_group_serves() -> None:
+    """A second prompt sharing 16 tokens hits 16: full attention serves all four blocks, the window the last two."""
+    adapter = VllmHybridAdapter("sliding")
+    adapter.reset(Config(capacity=16, block_size=4))
+    adapter.apply(Op("admit", "a", tuple(range(17))))
+    assert adapter.apply(Op("admit", "b", (*range(16), 99, 98))).hit_tokens == 16
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm-hybrid-sliding", "vllm-sliding", "vllm-hybrid-local", "vllm-hybrid-mixed", "vllm-hybrid-sizes"]
+)
+def test_conformance_passes(name: str, tmp_path: Path) -> None:
+    """Each hybrid configuration passes the ci profile; every hybrid invariant is judged (the window slid)."""
+    result = run_check(load(name), name=name, profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=120)
+    assert result.status == "passed", [result.failure, result.findings, result.error]
+    verdicts = {row["name"]: row["verdict"] for row in result.report().verdicts()}
+    assert {n: verdicts[n] for n in HYBRID_NAMES} == dict.fromkeys(HYBRID_NAMES, "held")
+    assert {verdicts[n] for n in ONE_TABLE_NAMES} == {"unknown"}  # judged per group instead
+    for situation in ("evict", "prefix_hit", "admit:refused", "append:ok"):
+        assert result.tally.coverage.get(situation, 0) > 0, situation
+
+
+@pytest.mark.parametrize("bug", HYBRID_BUGS, ids=[b.name for b in HYBRID_BUGS])
+def test_seeded_hybrid_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    target = bug.target()
+    monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
+    result = run_check(load(bug.adapter), name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False)
+    assert result.status == "violated", f"{bug.name} was not found"
+    assert result.failure is not None
+    assert bug.invariant in result.failure.failures, result.failure
+    assert len(result.failure_ops) <= bug.max_ops, result.failure_ops
+    assert not [f for f in result.findings if f["kind"] == "flaky"]
