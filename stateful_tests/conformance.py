@@ -167,9 +167,7 @@ def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[st
     return frozenset(
         inv.name
         for inv in INVARIANTS
-        if (inv.kind != "refinement" or exact)
-        and inv.applies(semantics)
-        and (radix or inv.name not in radix_names)
+        if (inv.kind != "refinement" or exact) and inv.applies(semantics) and (radix or inv.name not in radix_names)
     ) | {ADAPTER_CONTRACT}
 
 

@@ -49,12 +49,11 @@ def test_hit_is_the_longest_every_group_serves() -> None:
     assert adapter.apply(Op("admit", "b", (*range(16), 99, 98))).hit_tokens == 16
 
 
-@pytest.mark.parametrize(
-    "name", ["vllm-hybrid-sliding", "vllm-sliding", "vllm-hybrid-local", "vllm-hybrid-mixed", "vllm-hybrid-sizes"]
-)
+@pytest.mark.parametrize("name", ["vllm-sliding", "vllm-hybrid-local", "vllm-hybrid-mixed", "vllm-hybrid-sizes"])
 def test_conformance_passes(name: str, tmp_path: Path) -> None:
-    """Each hybrid configuration passes the ci profile; every hybrid invariant is judged (the window slid)."""
-    result = run_check(load(name), name=name, profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=120)
+    """Each hybrid configuration passes the ci profile; every hybrid invariant is judged (the window slid).
+    vllm-hybrid-sliding runs the whole ci profile from the command line in .ci/run; these run 60 examples."""
+    result = run_check(load(name), name=name, profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=60)
     assert result.status == "passed", [result.failure, result.findings, result.error]
     verdicts = {row["name"]: row["verdict"] for row in result.report().verdicts()}
     assert {n: verdicts[n] for n in HYBRID_NAMES} == dict.fromkeys(HYBRID_NAMES, "held")
