@@ -124,9 +124,17 @@ class Install:
     skipped: str = ""
 
 
-def probe(paths: list[str], kvspec_path: str | None) -> subprocess.CompletedProcess[str]:
+def run_env(paths: list[str], kvspec_path: str | None) -> dict[str, str]:
+    """The environment of a run: the release's folders on PYTHONPATH, the Hugging Face hub offline (0.5.14-0.5.17
+    validate ServerArgs by fetching the config of a model that does not exist; online that is ~25 s of retries)."""
     env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
     env["PYTHONPATH"] = os.pathsep.join([*([kvspec_path] if kvspec_path else []), *paths])
+    return env
+
+
+def probe(paths: list[str], kvspec_path: str | None) -> subprocess.CompletedProcess[str]:
+    env = run_env(paths, kvspec_path)
     return subprocess.run(
         [sys.executable, "-W", "ignore", "-c", PROBE],
         capture_output=True,
@@ -182,8 +190,7 @@ def check(inst: Install, args: argparse.Namespace, workdir: Path) -> Row:
     # --step-timeout also lifts the constructor's limit (importing SGLang: ~20 s idle, >120 s on loaded cores).
     cmd += ["--quiet", "--step-timeout", str(args.step_timeout)]
     cmd += ["--max-examples", str(args.max_examples)] if args.max_examples else []
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*([args.kvspec_path] if args.kvspec_path else []), *inst.paths])
+    env = run_env(inst.paths, args.kvspec_path)
     t0 = time.perf_counter()
     try:
         run = subprocess.run(
