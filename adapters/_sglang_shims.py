@@ -209,9 +209,9 @@ class Sglang:
         """Publish the request's computed tokens [0, up_to) to the tree and move its lock (what the scheduler does
         after a prefill): ``checkpoint_kv_cache`` (0.5.22+), ``maybe_cache_unfinished_req`` (0.5.20-0.5.21), else
         the tree's ``cache_unfinished_req``."""
-        if hasattr(req, "set_extend_range"):  # 0.5.17-0.5.21: the scheduler's record of the tokens this prefill made
+        if hasattr(req, "set_extend_range"):  # 0.5.15-0.5.21: the scheduler's record of the tokens this prefill made
             req.set_extend_range(0, up_to)
-        if hasattr(req, "fill_len"):  # 0.5.1x: PrefillAdder.add_one_req sets it; get_fill_ids() is ids[:fill_len]
+        if hasattr(req, "fill_len"):  # 0.5.13-0.5.14: PrefillAdder sets it; get_fill_ids() is ids[:fill_len]
             req.fill_len = up_to
         req.extend_end = up_to
         common = self.common
