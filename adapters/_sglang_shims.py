@@ -173,7 +173,8 @@ class Sglang:
     def alloc_row(self, req_pool: Any, req: Any, tree: Any) -> None:
         """A ReqToTokenPool row for the request (SGLang's alloc_req_slots where it has one)."""
         if accepts(getattr(self.allocation, "alloc_req_slots", None), "num_reqs"):
-            (idx,) = self.allocation.alloc_req_slots(req_pool, 1, [req], tree)  # 0.5.3-0.5.8
+            extra = [tree] if accepts(self.allocation.alloc_req_slots, "tree_cache") else []  # 0.5.4+
+            (idx,) = self.allocation.alloc_req_slots(req_pool, 1, [req], *extra)  # 0.5.3-0.5.8
         elif hasattr(self.allocation, "alloc_req_slots"):
             (idx,) = self.allocation.alloc_req_slots(req_pool, [req], tree)
         elif accepts(req_pool.alloc, "reqs"):
