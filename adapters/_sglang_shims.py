@@ -46,7 +46,7 @@ class Sglang:
     pool: Any
     allocator: Any
     common: Any | None
-    allocation: Any | None
+    allocation: Any  # the scheduler's slot allocation functions (mem_cache/allocation.py or common.py)
     Req: Any
     SamplingParams: Any
     batch: Any = None
@@ -172,7 +172,10 @@ class Sglang:
 
     def alloc_row(self, req_pool: Any, req: Any, tree: Any) -> None:
         """A ReqToTokenPool row for the request (SGLang's alloc_req_slots where it has one)."""
-        if self.allocation is not None and hasattr(self.allocation, "alloc_req_slots"):
+        if accepts(getattr(self.allocation, "alloc_req_slots", None), "num_reqs"):
+            extra = [tree] if accepts(self.allocation.alloc_req_slots, "tree_cache") else []  # 0.5.4+
+            (idx,) = self.allocation.alloc_req_slots(req_pool, 1, [req], *extra)  # 0.5.3-0.5.8
+        elif hasattr(self.allocation, "alloc_req_slots"):
             (idx,) = self.allocation.alloc_req_slots(req_pool, [req], tree)
         elif accepts(req_pool.alloc, "reqs"):
             (idx,) = req_pool.alloc([req])
@@ -189,11 +192,11 @@ class Sglang:
         torch, alloc = self.torch, tree.token_to_kv_pool_allocator
         n = seq_len - prefix_len
         if alloc.page_size == 1:
-            return self.allocation.alloc_token_slots(tree, n)  # type: ignore[union-attr]
+            return self.allocation.alloc_token_slots(tree, n)
         last = row[prefix_len - 1 : prefix_len].to(torch.int64) if prefix_len else torch.full((1,), -1)
         prefix = torch.tensor([prefix_len], dtype=torch.int64)
         seq = torch.tensor([seq_len], dtype=torch.int64)
-        return self.allocation.alloc_paged_token_slots_extend(  # type: ignore[union-attr]
+        return self.allocation.alloc_paged_token_slots_extend(
             tree_cache=tree,
             prefix_lens=prefix,
             prefix_lens_cpu=prefix,
@@ -207,8 +210,10 @@ class Sglang:
         """Publish the request's computed tokens [0, up_to) to the tree and move its lock (what the scheduler does
         after a prefill): ``checkpoint_kv_cache`` (0.5.22+), ``maybe_cache_unfinished_req`` (0.5.20-0.5.21), else
         the tree's ``cache_unfinished_req``."""
-        if hasattr(req, "set_extend_range"):  # 0.5.21: the scheduler's record of the tokens this prefill computed
+        if hasattr(req, "set_extend_range"):  # 0.5.15-0.5.21: the scheduler's record of the tokens this prefill made
             req.set_extend_range(0, up_to)
+        if hasattr(req, "fill_len"):  # 0.5.13-0.5.14: PrefillAdder sets it; get_fill_ids() is ids[:fill_len]
+            req.fill_len = up_to
         req.extend_end = up_to
         common = self.common
         if common is not None and hasattr(common, "checkpoint_kv_cache"):
@@ -229,9 +234,20 @@ class Sglang:
         kwargs: dict[str, Any] = {"is_insert": insert} if accepts(tree.cache_finished_req, "is_insert") else {}
         if accepts(tree.cache_finished_req, "kv_len_to_handle"):
             kwargs["kv_len_to_handle"] = self.kv(req).kv_committed_len
-        tree.cache_finished_req(req, **kwargs)
-        if hasattr(req_pool := tree.req_to_token_pool, "free"):
-            req_pool.free(req if accepts(req_pool.free, "req") else self.kv(req).req_pool_idx)
+        # Before 0.5.5 (no committed KV length) cache_finished_req takes a running Req's last output token to be the
+        # one just sampled, whose KV is not computed yet, and leaves it out; every token the adapter's Req holds is
+        # computed, so the sampled one is added for the call, as the scheduler's Req has it.
+        sampled = not hasattr(req, "pop_committed_kv_cache")
+        if sampled:
+            req.output_ids.append(0)
+        try:
+            tree.cache_finished_req(req, **kwargs)
+        finally:
+            if sampled:
+                req.output_ids.pop()
+        idx, req_pool = self.kv(req).req_pool_idx, tree.req_to_token_pool
+        if idx is not None and idx not in req_pool.free_slots:  # cache_finished_req frees the row itself before 0.5.9
+            req_pool.free(req if accepts(req_pool.free, "req") else idx)
 
     def seq_len(self, req: Any) -> int:
         """Tokens the request holds: its prompt and its output so far."""
@@ -253,6 +269,12 @@ def load() -> Sglang:
     allocator = Sglang._module("sglang.srt.mem_cache.allocator") or pool
     _quiet()
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+    allocation = _allocation_module()
+    if allocation is None:
+        raise ImportError(
+            f"sglang {metadata.version('sglang')}: before 0.5.3 the slot allocation is ScheduleBatch's (mem_cache has"
+            " no alloc_paged_token_slots_extend) and the retraction frees KV inline in retract_decode; not supported"
+        )
     server_args = _publish_server_args()
     sampling = importlib.import_module("sglang.srt.sampling.sampling_params")
     return Sglang(
@@ -262,7 +284,7 @@ def load() -> Sglang:
         pool=pool,
         allocator=allocator,
         common=Sglang._module("sglang.srt.mem_cache.common"),
-        allocation=_allocation_module(),
+        allocation=allocation,
         Req=batch.Req,
         batch=batch,
         server_args=server_args,
@@ -286,11 +308,19 @@ class _NaiveExtend:
 
 
 def _naive_extend_kernel(paged: Any) -> None:
-    """Before 0.5.22 the paged allocator's ``alloc_extend`` launches a Triton kernel, which has no CPU driver; the
-    same module ships ``alloc_extend_naive``, the kernel's torch version. Point the allocator's kernel at it."""
+    """Before 0.5.22 the paged allocator's ``alloc_extend`` launches a Triton kernel, which has no CPU driver; from
+    0.5.9 the same module ships ``alloc_extend_naive``, the kernel's torch version: point the allocator's kernel at it.
+    Before 0.5.9 there is none; the kernel itself runs on CPU in Triton's interpreter (``TRITON_INTERPRET=1`` set
+    before Triton is imported), and is left as it is."""
     naive = getattr(paged, "alloc_extend_naive", None)
-    if naive is None or not hasattr(paged, "alloc_extend_kernel"):
-        raise RuntimeError(f"{paged.__name__}: alloc_extend is a Triton kernel with no torch version in this release")
+    kernel = getattr(paged, "alloc_extend_kernel", None)
+    if naive is None and type(kernel).__name__ == "InterpretedFunction":
+        return
+    if naive is None or kernel is None:
+        raise RuntimeError(
+            f"{paged.__name__}: alloc_extend is a Triton kernel with no torch version in this release;"
+            " run with TRITON_INTERPRET=1 (Triton's interpreter runs it on CPU)"
+        )
     if not isinstance(paged.alloc_extend_kernel, _NaiveExtend):
         paged.alloc_extend_kernel = _NaiveExtend(naive)
 

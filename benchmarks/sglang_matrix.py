@@ -65,8 +65,21 @@ def __getattr__(name):
     return kernel
 '''
 
-SITECUSTOMIZE = '''"""kvspec (benchmarks/sglang_matrix.py): older SGLang releases register configs (qwen3_asr) that the
-venv's transformers already defines; let them, as exist_ok=True does."""
+SITECUSTOMIZE = '''"""kvspec (benchmarks/sglang_matrix.py): bridges from older SGLang releases to newer dependencies.
+
+- 0.5.1 asks torch._C._cpu._is_amx_tile_supported() at import; the venv's torch has no such function (it reports
+  no AMX here: the kernels that would use it are not installed either).
+- older releases register configs (qwen3_asr) that the venv's transformers already defines; let them, as
+  exist_ok=True does.
+"""
+try:
+    import torch
+
+    if not hasattr(torch._C._cpu, "_is_amx_tile_supported"):
+        torch._C._cpu._is_amx_tile_supported = lambda: False
+except Exception:
+    pass
+
 try:
     from transformers import AutoConfig
 
@@ -124,9 +137,20 @@ class Install:
     skipped: str = ""
 
 
-def probe(paths: list[str], kvspec_path: str | None) -> subprocess.CompletedProcess[str]:
+def run_env(paths: list[str], kvspec_path: str | None) -> dict[str, str]:
+    """The environment of a run: the release's folders on PYTHONPATH, the Hugging Face hub offline (0.5.14-0.5.17
+    validate ServerArgs by fetching the config of a model that does not exist; online that is ~25 s of retries),
+    Triton's interpreter on (the adapter replaces the one kernel it calls by SGLang's torch twin where a release
+    has one; before 0.5.9 the kernel itself runs, interpreted; no other kernel is called on CPU)."""
     env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRITON_INTERPRET", "1")  # before 0.5.9 alloc_extend is a Triton kernel only: run it on CPU
     env["PYTHONPATH"] = os.pathsep.join([*([kvspec_path] if kvspec_path else []), *paths])
+    return env
+
+
+def probe(paths: list[str], kvspec_path: str | None) -> subprocess.CompletedProcess[str]:
+    env = run_env(paths, kvspec_path)
     return subprocess.run(
         [sys.executable, "-W", "ignore", "-c", PROBE],
         capture_output=True,
@@ -182,8 +206,7 @@ def check(inst: Install, args: argparse.Namespace, workdir: Path) -> Row:
     # --step-timeout also lifts the constructor's limit (importing SGLang: ~20 s idle, >120 s on loaded cores).
     cmd += ["--quiet", "--step-timeout", str(args.step_timeout)]
     cmd += ["--max-examples", str(args.max_examples)] if args.max_examples else []
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([*([args.kvspec_path] if args.kvspec_path else []), *inst.paths])
+    env = run_env(inst.paths, args.kvspec_path)
     t0 = time.perf_counter()
     try:
         run = subprocess.run(

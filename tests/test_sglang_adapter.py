@@ -117,8 +117,13 @@ def test_bad_input_is_rejected_before_the_tree(adapter: SglangAdapter) -> None:
 def test_seeded_sglang_bug_is_reported(bug: SglangBug, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     target = bug.target()
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
-    result = run_check(SglangAdapter, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, step_timeout=STARTUP)
+    # keep_going: a bug can break two invariants and either may be found first (a leaking evict also makes SGLang's
+    # next allocation raise out of memory: adapter_contract); the bug's own invariant must be among those reported.
+    result = run_check(
+        SglangAdapter, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, step_timeout=STARTUP, keep_going=True
+    )
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None
-    assert result.failure.invariant == bug.invariant, result.failure
-    assert len(result.failure.ops) <= 10, result.failure.ops
+    reported = {v.invariant: ops for v, ops, _ in [(result.failure, result.failure_ops, None), *result.more_failures]}
+    assert bug.invariant in reported, reported
+    assert len(reported[bug.invariant]) <= 10, reported[bug.invariant]
