@@ -14,7 +14,7 @@ from kvspec.stateful_tests import PROFILES, AdapterHung, LiveTarget, Options, ch
 from kvspec.stateful_tests.dispatch import not_started
 from kvspec.stateful_tests.live import MODES
 
-from .common import fail, positive, unwritable
+from .common import fail, positive, unreadable, unwritable
 
 
 def register(sub: Any) -> None:
@@ -142,10 +142,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return fail(problem)
     try:
         case = Case.load(args.case)
-    except OSError as exc:
-        return fail(f"{args.case}: {exc.strerror or exc}")
-    except ValueError as exc:
-        return fail(f"{args.case}: {exc}")
+    except (OSError, ValueError) as exc:
+        return fail(unreadable(args.case, exc))
     name = args.adapter or case.adapter
     try:
         adapter = IsolatedAdapter(load(name), args.step_timeout)

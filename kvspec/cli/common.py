@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def unreadable(path: Path | str, exc: OSError | ValueError) -> str:
+    """The one line for a file that could not be read (OSError) or whose content is refused (ValueError)."""
+    return f"{path}: {exc.strerror or exc}" if isinstance(exc, OSError) else f"{path}: {exc}"
+
+
 def fail(message: str, prefix: str = "kvspec") -> ExitCode:
     """Say on stderr, in one line, why the command could not run; the exit code that says so."""
     from kvspec.report import ExitCode

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .common import fail, positive, unwritable
+from .common import fail, positive, unreadable, unwritable
 
 DEFAULT_BASELINE = Path("kvspec-baseline.json")
 
@@ -127,10 +127,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
         return fail(problem)
     try:
         baseline = Baseline.load(config.baseline) if config.baseline is not None else Baseline()
-    except OSError as exc:
-        return fail(f"{config.baseline}: {exc.strerror or exc}")
-    except ValueError as exc:
-        return fail(f"{config.baseline}: {exc}")
+    except (OSError, ValueError) as exc:
+        return fail(unreadable(config.baseline, exc))
     result = run_gate(config, baseline)
     for verdict in result.verdicts:
         print(verdict.report.table(), end="\n\n")
@@ -157,17 +155,13 @@ def cmd_baseline_add(args: argparse.Namespace) -> int:
         return fail(problem)
     try:
         baseline = Baseline.load(path)
-    except OSError as exc:
-        return fail(f"{path}: {exc.strerror or exc}")
-    except ValueError as exc:
-        return fail(f"{path}: {exc}")
+    except (OSError, ValueError) as exc:
+        return fail(unreadable(path, exc))
     for case_path in args.cases:
         try:
             entry = Entry.from_case(Case.load(case_path), args.reason, adapter=args.adapter, versions=args.versions)
-        except OSError as exc:
-            return fail(f"{case_path}: {exc.strerror or exc}")
-        except ValueError as exc:
-            return fail(f"{case_path}: {exc}")
+        except (OSError, ValueError) as exc:
+            return fail(unreadable(case_path, exc))
         added = baseline.add(entry)
         what = "added" if added else "already there"
         print(f"{what}: {entry.adapter} {entry.invariant} (fingerprint {entry.fingerprint})")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvspec.report import ExitCode
 
-from .common import fail, positive, unwritable
+from .common import fail, positive, unreadable, unwritable
 
 if TYPE_CHECKING:
     from kvspec.spec import Semantics
@@ -46,10 +46,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     try:
         case = Case.load(args.case)
-    except OSError as exc:
-        return fail(f"{args.case}: {exc.strerror or exc}")
-    except ValueError as exc:
-        return fail(f"{args.case}: {exc}")
+    except (OSError, ValueError) as exc:
+        return fail(unreadable(args.case, exc))
     refine, timeout = not args.safety_only, args.step_timeout
     if args.adapter is None:  # the spec alone, under the semantics the case's own adapter declares (or the default)
         runs = replay(case, None, default=_declared(case.adapter, timeout))
