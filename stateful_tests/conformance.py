@@ -26,9 +26,8 @@ from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report, Status, now, rows
 from kvspec.spec import INVARIANTS, Config, Op
-from kvspec.spec.invariants import ADAPTER_CONTRACT, RADIX_INVARIANTS, PolicyQuality
+from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 from kvspec.spec.ops import bad_input_kinds
-from kvspec.spec.radix import RADIX_ORDERS
 
 from .harness import AdapterHung, Harness, Tally, Violation
 from .machine import build_machine
@@ -158,16 +157,12 @@ class Result:
 
 
 def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[str]:
-    """Invariants that can be judged for this adapter (refinement needs declared exact semantics; the radix
-    ones a declared radix eviction order, the adapter's statement that it shows a radix tree)."""
+    """Invariants that can be judged for this adapter (refinement needs declared exact semantics; each
+    invariant says which semantics it can judge: Invariant.applies)."""
     semantics = adapter.capabilities.semantics
     exact = semantics.exact and refine
-    radix = semantics.eviction in RADIX_ORDERS
-    radix_names = {inv.name for inv in RADIX_INVARIANTS}
     return frozenset(
-        inv.name
-        for inv in INVARIANTS
-        if (inv.kind != "refinement" or exact) and inv.applies(semantics) and (radix or inv.name not in radix_names)
+        inv.name for inv in INVARIANTS if (inv.kind != "refinement" or exact) and inv.applies(semantics)
     ) | {ADAPTER_CONTRACT}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from ..radix import RANK_KEYS, RadixView, radix_view
+from ..radix import RADIX_ORDERS, RANK_KEYS, RadixView, radix_view
 from .transition import Invariant, Problems, Transition
 
 
@@ -253,15 +253,16 @@ def radix_policy_conformance(t: Transition) -> Problems:
 
 
 _BLOCK = frozenset({"block"})  # a radix tree is shown by block (page) adapters only
+_RADIX = frozenset(RADIX_ORDERS)  # declaring a radix order is an adapter's statement that it shows a tree
 
 RADIX_SAFETY: tuple[Invariant, ...] = (
-    Invariant("radix_tree_links", "safety", radix_tree_links, _BLOCK),
-    Invariant("radix_value_matches_key", "safety", radix_value_matches_key, _BLOCK),
-    Invariant("radix_locked_kept", "safety", radix_locked_kept, _BLOCK),
-    Invariant("radix_lock_refs", "safety", radix_lock_refs, _BLOCK),
-    Invariant("radix_size_accounting", "safety", radix_size_accounting, _BLOCK),
-    Invariant("radix_token_conservation", "safety", radix_token_conservation, _BLOCK),
+    Invariant("radix_tree_links", "safety", radix_tree_links, _BLOCK, evictions=_RADIX),
+    Invariant("radix_value_matches_key", "safety", radix_value_matches_key, _BLOCK, evictions=_RADIX),
+    Invariant("radix_locked_kept", "safety", radix_locked_kept, _BLOCK, evictions=_RADIX),
+    Invariant("radix_lock_refs", "safety", radix_lock_refs, _BLOCK, evictions=_RADIX),
+    Invariant("radix_size_accounting", "safety", radix_size_accounting, _BLOCK, evictions=_RADIX),
+    Invariant("radix_token_conservation", "safety", radix_token_conservation, _BLOCK, evictions=_RADIX),
 )
 RADIX_POLICY: tuple[Invariant, ...] = (
-    Invariant("radix_policy_conformance", "policy", radix_policy_conformance, _BLOCK),
+    Invariant("radix_policy_conformance", "policy", radix_policy_conformance, _BLOCK, evictions=_RADIX),
 )

@@ -52,10 +52,15 @@ class Invariant:
     check: Callable[[Transition], Problems]
     granularities: frozenset[str] = frozenset({"block", "record", "entry"})  # where it can be judged at all
     layouts: frozenset[str] = frozenset({"one_table", "per_group"})  # Semantics.layout it can judge
+    evictions: frozenset[str] | None = None  # the Semantics.eviction orders it can judge; None: any
 
     def applies(self, semantics: Semantics) -> bool:
         """Whether this invariant can be judged at all for an implementation declaring ``semantics``."""
-        return semantics.granularity in self.granularities and semantics.layout in self.layouts
+        return (
+            semantics.granularity in self.granularities
+            and semantics.layout in self.layouts
+            and (self.evictions is None or semantics.eviction in self.evictions)
+        )
 
     @property
     def doc(self) -> str:
