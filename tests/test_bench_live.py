@@ -161,10 +161,10 @@ def _handler(fake: FakeVllm) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(b"0\r\n\r\n")  # a clean end of body, but no [DONE]
                     return
                 if index in fake.error_at and k == 1:
+                    fake.finish(0, ok=False)  # before the client can see the end and send the next request
                     self._chunk('data: {"error": {"message": "injected stream error", "code": 500}}\n\n')
                     self._chunk("data: [DONE]\n\n")
                     self.wfile.write(b"0\r\n\r\n")
-                    fake.finish(0, ok=False)
                     return
                 choice = {"index": 0, "text": f" t{k}", "finish_reason": "length" if k == max_tokens - 1 else None}
                 self._chunk(f"data: {json.dumps({'choices': [choice]})}\n\n")
@@ -174,10 +174,11 @@ def _handler(fake: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 "total_tokens": len(prompt) + max_tokens,
                 "prompt_tokens_details": {"cached_tokens": cached},
             }
+            # Leave the in-flight count before the client can see the end and send its next request.
+            fake.finish(max_tokens, ok=True)
             self._chunk(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
             self._chunk("data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
-            fake.finish(max_tokens, ok=True)
 
     return Handler
 
