@@ -60,6 +60,8 @@ ADAPTERS = {
     "vllm-hybrid-local": "kvspec.adapters.vllm_hybrid:local",
     "vllm-hybrid-mixed": "kvspec.adapters.vllm_hybrid:mixed",
     "vllm-hybrid-sizes": "kvspec.adapters.vllm_hybrid:sizes",
+    "vllm-hybrid-sliding-eagle": "kvspec.adapters.vllm_hybrid:sliding_eagle",
+    "vllm-hybrid-sizes-eagle": "kvspec.adapters.vllm_hybrid:sizes_eagle",
 }
 DEFAULT_ADAPTERS = ("vllm", "vllm-blockpool")
 FOLLOW_UP = {"vllm-blockpool": "vllm-blockpool-single"}

@@ -49,7 +49,34 @@ def test_hit_is_the_longest_every_group_serves() -> None:
     assert adapter.apply(Op("admit", "b", (*range(16), 99, 98))).hit_tokens == 16
 
 
-@pytest.mark.parametrize("name", ["vllm-sliding", "vllm-hybrid-local", "vllm-hybrid-mixed", "vllm-hybrid-sizes"])
+def test_eagle_drops_one_block_past_the_hit() -> None:
+    """With use_eagle vLLM's lookup matches one block past the hit and drops it: 12 of a prompt sharing 16 tokens
+    (16 without EAGLE); for a 16-token prompt, 12, because the lookup may read its last whole block (vLLM 0.32)."""
+    hits = {}
+    for eagle in (False, True):
+        adapter = VllmHybridAdapter("sliding", eagle=eagle)
+        adapter.reset(Config(capacity=24, block_size=4))
+        adapter.apply(Op("admit", "a", tuple(range(17))))
+        hits[eagle] = [
+            adapter.apply(Op("admit", r, p)).hit_tokens
+            for r, p in (("b", (*range(16), 99)), ("c", tuple(range(16))), ("d", tuple(range(9))))
+        ]
+    assert hits == {False: [16, 12, 8], True: [12, 12, 4]}
+    view = hybrid_view(adapter.observe())
+    assert view is not None and {g.eagle_drop for g in view.groups} == {1}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vllm-sliding",
+        "vllm-hybrid-local",
+        "vllm-hybrid-mixed",
+        "vllm-hybrid-sizes",
+        "vllm-hybrid-sliding-eagle",
+        "vllm-hybrid-sizes-eagle",
+    ],
+)
 def test_conformance_passes(name: str, tmp_path: Path) -> None:
     """Each hybrid configuration passes the ci profile; every hybrid invariant is judged (the window slid).
     vllm-hybrid-sliding runs the whole ci profile from the command line in .ci/run; these run 60 examples."""

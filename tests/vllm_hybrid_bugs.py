@@ -96,6 +96,29 @@ def _reserves_a_block_for_null(original: Method) -> Method:
     return get_num_blocks_to_allocate
 
 
+def _eagle_run_one_block_short(original: Any) -> Any:
+    run = original.__func__  # a classmethod
+
+    def _contiguous_blocks_for_hit(cls: Any, window_size: int, block_size: int, use_eagle: bool) -> int:
+        return int(run(cls, window_size, block_size, False))  # the run is not widened for the block EAGLE drops
+
+    return classmethod(_contiguous_blocks_for_hit)
+
+
+def _eagle_drops_twice(original: Any) -> Any:
+    find = original.__func__  # a classmethod
+
+    def find_longest_cache_hit(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks, length = find(cls, *args, **kwargs)
+        if kwargs.get("drop_eagle_block") and blocks[0]:
+            for group_blocks in blocks:  # the caller drops the last matched block again
+                group_blocks.pop()
+            length = len(blocks[0]) * kwargs["kv_cache_spec"].block_size
+        return blocks, length
+
+    return classmethod(find_longest_cache_hit)
+
+
 HYBRID_BUGS: tuple[VllmBug, ...] = (
     VllmBug(
         "window-frees-one-too-many",
@@ -171,5 +194,27 @@ HYBRID_BUGS: tuple[VllmBug, ...] = (
         "the coordinator asks for one block more than the groups need (a block for the null placeholder): a "
         "request that exactly fits is refused",
         adapter="vllm-hybrid-sliding",
+    ),
+    VllmBug(
+        "eagle-window-run-too-short",
+        "hybrid_hit_servable",
+        SINGLE_TYPE,
+        "SlidingWindowManager",
+        "_contiguous_blocks_for_hit",
+        _eagle_run_one_block_short,
+        "with EAGLE the sliding-window lookup still pops its last matched block but no longer asks for one more "
+        "contiguous block: the hit it grants needs a block before the window's run that may be evicted",
+        adapter="vllm-hybrid-sliding-eagle",
+    ),
+    VllmBug(
+        "eagle-drops-twice",
+        "hybrid_no_lost_hit",
+        SINGLE_TYPE,
+        "FullAttentionManager",
+        "find_longest_cache_hit",
+        _eagle_drops_twice,
+        "with EAGLE the full-attention lookup drops its last matched block twice (the manager and again its "
+        "caller): every hit is one block shorter than every group could serve",
+        adapter="vllm-hybrid-sliding-eagle",
     ),
 )
