@@ -6,20 +6,21 @@ Needs the vLLM extra; skipped otherwise (the core suite passes without it).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
 
 from vllm_bugs import VllmBug
-from vllm_hybrid_bugs import HYBRID_BUGS
+from vllm_hybrid_bugs import HYBRID_BUGS, HYBRID_KNOWN_BUGS, HYBRID_SEEDED_AS
 
 from kvspec.adapters import load
 from kvspec.adapters.vllm_hybrid import VllmHybridAdapter
 from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.hybrid import hybrid_view
 from kvspec.spec.invariants import HYBRID_INVARIANTS
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, replay_ops, run_check
 
 HYBRID_NAMES = {inv.name for inv in HYBRID_INVARIANTS}
 ONE_TABLE_NAMES = {inv.name for inv in INVARIANTS if inv.layouts == frozenset({"one_table"})}
@@ -99,3 +100,21 @@ def test_seeded_hybrid_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyP
     assert bug.invariant in result.failure.failures, result.failure
     assert len(result.failure_ops) <= bug.max_ops, result.failure_ops
     assert not [f for f in result.findings if f["kind"] == "flaky"]
+
+
+@pytest.mark.parametrize("known", HYBRID_KNOWN_BUGS, ids=[k.fingerprint for k in HYBRID_KNOWN_BUGS])
+def test_known_hybrid_bug_regression(known: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release matrix's case (tests/data/vllm-hybrid-known-bugs.json): violated with its invariant on the
+    releases of the entry's range, held on the others, and there violated again with the historical code seeded."""
+    installed = load(known.adapter)()
+    in_range = known.applies_to(known.adapter, installed.capabilities.version)
+    violation = replay_ops(installed, known.case.config, known.case.ops, refine=False)
+    assert (violation is not None) == in_range, violation
+    if in_range:  # the installed code is the historical code
+        assert violation is not None and known.invariant in violation.failures, violation
+        return
+    bug = HYBRID_SEEDED_AS[known.fingerprint]
+    target = bug.target()
+    monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
+    violation = replay_ops(load(known.adapter)(), known.case.config, known.case.ops, refine=False)
+    assert violation is not None and known.invariant in violation.failures, violation

@@ -12,9 +12,12 @@ reference catalogue. Importing this module does not import vLLM.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from vllm_bugs import Method, VllmBug
+
+from kvspec.gate import Baseline, Entry
 
 COORDINATOR = "vllm.v1.core.kv_cache_coordinator"
 SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
@@ -119,6 +122,15 @@ def _eagle_drops_twice(original: Any) -> Any:
     return classmethod(find_longest_cache_hit)
 
 
+def _eagle_lookup_capped(original: Method) -> Method:
+    def find_longest_cache_hit(self: Any, block_hashes: Any, max_cache_hit_length: int) -> Any:
+        # The EAGLE lookup may not read past the hit cap (prompt - 1) before it drops: the hashes of a
+        # block-aligned prompt's last block are out of its reach (vLLM's code up to 0.3x, see docs/vllm.md).
+        return original(self, list(block_hashes)[: max_cache_hit_length // self.hash_block_size], max_cache_hit_length)
+
+    return find_longest_cache_hit
+
+
 HYBRID_BUGS: tuple[VllmBug, ...] = (
     VllmBug(
         "window-frees-one-too-many",
@@ -218,3 +230,32 @@ HYBRID_BUGS: tuple[VllmBug, ...] = (
         adapter="vllm-hybrid-sliding-eagle",
     ),
 )
+
+EAGLE_LOOKUP_CAPPED = VllmBug(
+    "eagle-lookup-capped",
+    "hybrid_no_lost_hit",
+    COORDINATOR,
+    "HybridKVCacheCoordinator",
+    "find_longest_cache_hit",
+    _eagle_lookup_capped,
+    "the EAGLE lookup reads no further than the hit cap (prompt - 1) before dropping a block: on a "
+    "block-aligned prompt the last whole block is never matched, so the hit is one block short",
+    adapter="vllm-hybrid-sliding-eagle",
+)
+"""The historical code of the known hybrid bug, seeded into the installed release (not searched for: under the
+ci profile the lost hit first shows as a refusal the longest hit would have avoided,
+hybrid_no_needless_refusal, after ~90 s; the regression replays the release matrix's case instead)."""
+
+HYBRID_KNOWN_BUGS_FILE = Path(__file__).parent / "data" / "vllm-hybrid-known-bugs.json"
+"""Counterexamples the release matrix found in released vLLM's hybrid allocator, a kvspec baseline like
+tests/data/vllm-known-bugs.json: adapter, invariant, release range, shrunk case."""
+
+HYBRID_KNOWN_BUGS: tuple[Entry, ...] = (
+    tuple(Baseline.load(HYBRID_KNOWN_BUGS_FILE).entries) if HYBRID_KNOWN_BUGS_FILE.exists() else ()
+)
+
+HYBRID_SEEDED_AS: dict[str, VllmBug] = {
+    "e283b771b3170a5b": EAGLE_LOOKUP_CAPPED,
+    "4da7fd4cc99e66c0": next(b for b in HYBRID_BUGS if b.name == "eagle-drops-twice"),
+}
+"""Known hybrid bug (fingerprint) -> the VllmBug that reproduces its historical code in the installed release."""
