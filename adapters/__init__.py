@@ -30,6 +30,8 @@ BUILTIN: dict[str, str] = {
     "vllm-hybrid-local": "kvspec.adapters.vllm_hybrid:local",
     "vllm-hybrid-mixed": "kvspec.adapters.vllm_hybrid:mixed",
     "vllm-hybrid-sizes": "kvspec.adapters.vllm_hybrid:sizes",
+    "vllm-hybrid-sliding-eagle": "kvspec.adapters.vllm_hybrid:sliding_eagle",
+    "vllm-hybrid-sizes-eagle": "kvspec.adapters.vllm_hybrid:sizes_eagle",
     "vllm-live": "kvspec.adapters.vllm_live.adapter:VllmLiveAdapter",
     "nano-vllm": "kvspec.adapters.nano_vllm:NanoVllmAdapter",
     "sglang": "kvspec.adapters.sglang_inprocess:SglangAdapter",

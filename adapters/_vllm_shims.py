@@ -119,12 +119,16 @@ class Vllm:
         max_model_len: int,
         config: Any = None,
         scheduler_block_size: int | None = None,
+        use_eagle: bool = False,
     ) -> Any:
         """A KVCacheManager with prefix caching, no stats, no events, no watermark.
 
         ``config``: a KV cache config (default: one full-attention group of ``block_size``);
-        ``scheduler_block_size``: the hit granularity (default ``block_size``, the hash block size).
+        ``scheduler_block_size``: the hit granularity (default ``block_size``, the hash block size);
+        ``use_eagle``: EAGLE speculative decoding (ImportError where this release's manager has no such switch).
         """
+        if use_eagle and not _accepts(self.KVCacheManager, "use_eagle"):
+            raise ImportError(f"vLLM {self.version}'s KVCacheManager takes no use_eagle")
         return _call(
             self.KVCacheManager,
             config if config is not None else self.kv_cache_config(num_blocks, block_size),
@@ -134,6 +138,7 @@ class Vllm:
             max_num_batched_tokens=max_model_len,  # 0.20 - 0.25
             max_in_flight_tokens=max_model_len,  # 0.26+
             enable_caching=True,
+            use_eagle=use_eagle,
             log_stats=False,
             enable_kv_cache_events=False,
         )

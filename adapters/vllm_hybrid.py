@@ -24,7 +24,10 @@ a sliding window of 2b tokens; ``vllm-sliding`` the window alone;
 ``vllm-hybrid-mixed`` full attention + chunks of 3b + the window of 2b (three
 groups, where the coordinator's search needs more than one pass);
 ``vllm-hybrid-sizes`` full attention in blocks of 2b + the window in blocks of b
-(groups of two block sizes). Every group takes a block per position, so the
+(groups of two block sizes). ``vllm-hybrid-sliding-eagle`` and
+``vllm-hybrid-sizes-eagle`` are those with EAGLE on (``use_eagle``): every
+group's lookup matches one block past a hit and drops it (vLLM has no EAGLE
+with chunked local attention). Every group takes a block per position, so the
 adapter declares ``pool_scale`` = its number of groups: the suite draws pools
 that much larger and long prompts as long as with one group, and its prompts
 (templates of up to three blocks and a tail, forks, appends, prompts of half
@@ -64,8 +67,15 @@ class GroupShape:
     window: int = 0  # sliding window, in pool block sizes
     chunk: int = 0  # local attention chunk, in pool block sizes
 
-    def group(self, block_size: int) -> KvGroup:
-        return KvGroup(self.kind, self.blocks * block_size, self.window * block_size, self.chunk * block_size)
+    def group(self, block_size: int, eagle: bool = False) -> KvGroup:
+        """The group in tokens; with EAGLE its lookup drops one of its blocks past a hit (vLLM's last-block drop)."""
+        return KvGroup(
+            self.kind,
+            self.blocks * block_size,
+            self.window * block_size,
+            self.chunk * block_size,
+            eagle_drop=1 if eagle else 0,
+        )
 
 
 SHAPES: dict[str, tuple[GroupShape, ...]] = {
@@ -84,8 +94,9 @@ class VllmHybridAdapter(VllmAdapter):
 
     name = "vllm-hybrid"
 
-    def __init__(self, shape: str = "sliding") -> None:
+    def __init__(self, shape: str = "sliding", eagle: bool = False) -> None:
         self.shape = SHAPES[shape]
+        self.eagle = eagle
         self.groups: tuple[KvGroup, ...] = ()
         self.content: dict[Hashable, tuple[int, tuple[int, ...]]] = {}  # cached key -> (group, token prefix)
         super().__init__()
@@ -95,12 +106,16 @@ class VllmHybridAdapter(VllmAdapter):
             semantics=semantics,
             version=f"vllm {self.vllm.version}",
             pool_scale=len(self.shape),  # each group takes a block per position
-            notes=(*notes, f"KV cache groups: {', '.join(_describe(s) for s in self.shape)}"),
+            notes=(
+                *notes,
+                f"KV cache groups: {', '.join(_describe(s) for s in self.shape)}",
+                *(["EAGLE: use_eagle=True, every group drops its last matched block from a hit"] if eagle else []),
+            ),
         )
 
     # -- lifecycle ------------------------------------------------------------------
     def reset(self, config: Config) -> None:
-        self.groups = tuple(s.group(config.block_size) for s in self.shape)
+        self.groups = tuple(s.group(config.block_size, self.eagle) for s in self.shape)
         self.content = {}
         super().reset(config)
 
@@ -113,6 +128,7 @@ class VllmHybridAdapter(VllmAdapter):
             self.max_model_len,
             config=self.vllm.hybrid_kv_cache_config(num_blocks, specs),
             scheduler_block_size=lcm(*sizes),
+            use_eagle=self.eagle,
         )
         return self.manager.block_pool
 
@@ -216,3 +232,13 @@ def mixed() -> VllmHybridAdapter:
 def sizes() -> VllmHybridAdapter:
     """Full attention in blocks of two pool blocks + a sliding window in blocks of one (groups of two sizes)."""
     return VllmHybridAdapter("sizes")
+
+
+def sliding_eagle() -> VllmHybridAdapter:
+    """Full attention + a sliding window of two blocks, with EAGLE speculative decoding (vLLM's use_eagle)."""
+    return VllmHybridAdapter("sliding", eagle=True)
+
+
+def sizes_eagle() -> VllmHybridAdapter:
+    """Groups of two block sizes (full in 2b, window in b), with EAGLE: the drop is one block of each group."""
+    return VllmHybridAdapter("sizes", eagle=True)

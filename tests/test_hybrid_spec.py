@@ -43,6 +43,35 @@ def test_longest_common_hit_is_on_every_groups_blocks() -> None:
     assert hit_granularity((big, WINDOW)) == 8
 
 
+def test_eagle_matches_one_block_past_the_hit_and_drops_it() -> None:
+    """With EAGLE each group's lookup must have matched the block after the hit (then dropped, recomputed for the
+    draft head): a window needs its run plus that block, and the block must be a whole block of the prompt."""
+    full, window = KvGroup("full", 4, eagle_drop=1), KvGroup("sliding_window", 4, window=8, eagle_drop=1)
+    every = {PROMPT[: 4 * (i + 1)]: i for i in range(4)}
+    assert longest_common_hit((full, window), PROMPT, (every, every)) == 12  # 16 would drop tokens 16-19
+    assert longest_common_hit((full, window), PROMPT[:16], (every, every)) == 12  # the last whole block is dropped
+    assert longest_common_hit((full, window), PROMPT[:15], (every, every)) == 8
+    assert window.matched_blocks(12) == range(1, 4) and full.matched_blocks(8) == range(3)
+    assert not window.servable(12, PROMPT, {k: v for k, v in every.items() if v != 1})  # needs blocks 1, 2, 3
+    assert WINDOW.servable(12, PROMPT, {k: v for k, v in every.items() if v != 0})  # without EAGLE: 1 and 2
+    assert window.servable(0, PROMPT, {})
+
+
+def test_an_eagle_hit_short_by_a_second_drop_is_a_lost_hit() -> None:
+    """Two groups with EAGLE over cached blocks 0-3 serve 12 of 17 tokens: an admit that hit 8 (a block dropped
+    twice) is reported by hybrid_no_lost_hit; one that hit 16 (no block left past it to drop) by
+    hybrid_hit_servable."""
+    full, window = KvGroup("full", 4, eagle_drop=1), KvGroup("sliding_window", 4, window=8, eagle_drop=1)
+    every = {PROMPT[: 4 * (i + 1)]: i + 1 for i in range(4)}
+    hv = HybridView((full, window), {}, {}, (every, every), tuple(range(1, 11)), 0)
+    empty = observation(hv)
+    op = Op("admit", "a", PROMPT)
+    after = observation(HybridView((full, window), {}, {}, (every, every), tuple(range(1, 11)), 0))
+    assert "hybrid_no_lost_hit" in failures(empty, after, op, Outcome.ok(8))
+    assert "hybrid_hit_servable" in failures(empty, after, op, Outcome.ok(16))
+    assert not {"hybrid_no_lost_hit", "hybrid_hit_servable"} & set(failures(empty, after, op, Outcome.ok(12)))
+
+
 def view(tables: Mapping[str, tuple[Table, ...]], computed: int, queue: tuple[Hashable, ...] = ()) -> HybridView:
     return HybridView((FULL, WINDOW), tables, dict.fromkeys(tables, computed), ({}, {}), queue, 0)
 

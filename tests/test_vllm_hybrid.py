@@ -6,20 +6,21 @@ Needs the vLLM extra; skipped otherwise (the core suite passes without it).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
 
 from vllm_bugs import VllmBug
-from vllm_hybrid_bugs import HYBRID_BUGS
+from vllm_hybrid_bugs import HYBRID_BUGS, HYBRID_KNOWN_BUGS, HYBRID_SEEDED_AS
 
 from kvspec.adapters import load
 from kvspec.adapters.vllm_hybrid import VllmHybridAdapter
 from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.hybrid import hybrid_view
 from kvspec.spec.invariants import HYBRID_INVARIANTS
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, replay_ops, run_check
 
 HYBRID_NAMES = {inv.name for inv in HYBRID_INVARIANTS}
 ONE_TABLE_NAMES = {inv.name for inv in INVARIANTS if inv.layouts == frozenset({"one_table"})}
@@ -49,7 +50,34 @@ def test_hit_is_the_longest_every_group_serves() -> None:
     assert adapter.apply(Op("admit", "b", (*range(16), 99, 98))).hit_tokens == 16
 
 
-@pytest.mark.parametrize("name", ["vllm-sliding", "vllm-hybrid-local", "vllm-hybrid-mixed", "vllm-hybrid-sizes"])
+def test_eagle_drops_one_block_past_the_hit() -> None:
+    """With use_eagle vLLM's lookup matches one block past the hit and drops it: 12 of a prompt sharing 16 tokens
+    (16 without EAGLE); for a 16-token prompt, 12, because the lookup may read its last whole block (vLLM 0.32)."""
+    hits = {}
+    for eagle in (False, True):
+        adapter = VllmHybridAdapter("sliding", eagle=eagle)
+        adapter.reset(Config(capacity=24, block_size=4))
+        adapter.apply(Op("admit", "a", tuple(range(17))))
+        hits[eagle] = [
+            adapter.apply(Op("admit", r, p)).hit_tokens
+            for r, p in (("b", (*range(16), 99)), ("c", tuple(range(16))), ("d", tuple(range(9))))
+        ]
+    assert hits == {False: [16, 12, 8], True: [12, 12, 4]}
+    view = hybrid_view(adapter.observe())
+    assert view is not None and {g.eagle_drop for g in view.groups} == {1}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vllm-sliding",
+        "vllm-hybrid-local",
+        "vllm-hybrid-mixed",
+        "vllm-hybrid-sizes",
+        "vllm-hybrid-sliding-eagle",
+        "vllm-hybrid-sizes-eagle",
+    ],
+)
 def test_conformance_passes(name: str, tmp_path: Path) -> None:
     """Each hybrid configuration passes the ci profile; every hybrid invariant is judged (the window slid).
     vllm-hybrid-sliding runs the whole ci profile from the command line in .ci/run; these run 60 examples."""
@@ -72,3 +100,21 @@ def test_seeded_hybrid_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyP
     assert bug.invariant in result.failure.failures, result.failure
     assert len(result.failure_ops) <= bug.max_ops, result.failure_ops
     assert not [f for f in result.findings if f["kind"] == "flaky"]
+
+
+@pytest.mark.parametrize("known", HYBRID_KNOWN_BUGS, ids=[k.fingerprint for k in HYBRID_KNOWN_BUGS])
+def test_known_hybrid_bug_regression(known: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The release matrix's case (tests/data/vllm-hybrid-known-bugs.json): violated with its invariant on the
+    releases of the entry's range, held on the others, and there violated again with the historical code seeded."""
+    installed = load(known.adapter)()
+    in_range = known.applies_to(known.adapter, installed.capabilities.version)
+    violation = replay_ops(installed, known.case.config, known.case.ops, refine=False)
+    assert (violation is not None) == in_range, violation
+    if in_range:  # the installed code is the historical code
+        assert violation is not None and known.invariant in violation.failures, violation
+        return
+    bug = HYBRID_SEEDED_AS[known.fingerprint]
+    target = bug.target()
+    monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
+    violation = replay_ops(load(known.adapter)(), known.case.config, known.case.ops, refine=False)
+    assert violation is not None and known.invariant in violation.failures, violation

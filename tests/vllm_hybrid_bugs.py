@@ -12,9 +12,12 @@ reference catalogue. Importing this module does not import vLLM.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from vllm_bugs import Method, VllmBug
+
+from kvspec.gate import Baseline, Entry
 
 COORDINATOR = "vllm.v1.core.kv_cache_coordinator"
 SINGLE_TYPE = "vllm.v1.core.single_type_kv_cache_manager"
@@ -96,6 +99,38 @@ def _reserves_a_block_for_null(original: Method) -> Method:
     return get_num_blocks_to_allocate
 
 
+def _eagle_run_one_block_short(original: Any) -> Any:
+    run = original.__func__  # a classmethod
+
+    def _contiguous_blocks_for_hit(cls: Any, window_size: int, block_size: int, use_eagle: bool) -> int:
+        return int(run(cls, window_size, block_size, False))  # the run is not widened for the block EAGLE drops
+
+    return classmethod(_contiguous_blocks_for_hit)
+
+
+def _eagle_drops_twice(original: Any) -> Any:
+    find = original.__func__  # a classmethod
+
+    def find_longest_cache_hit(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks, length = find(cls, *args, **kwargs)
+        if kwargs.get("drop_eagle_block") and blocks[0]:
+            for group_blocks in blocks:  # the caller drops the last matched block again
+                group_blocks.pop()
+            length = len(blocks[0]) * kwargs["kv_cache_spec"].block_size
+        return blocks, length
+
+    return classmethod(find_longest_cache_hit)
+
+
+def _eagle_lookup_capped(original: Method) -> Method:
+    def find_longest_cache_hit(self: Any, block_hashes: Any, max_cache_hit_length: int) -> Any:
+        # The EAGLE lookup may not read past the hit cap (prompt - 1) before it drops: the hashes of a
+        # block-aligned prompt's last block are out of its reach (vLLM's code up to 0.3x, see docs/vllm.md).
+        return original(self, list(block_hashes)[: max_cache_hit_length // self.hash_block_size], max_cache_hit_length)
+
+    return find_longest_cache_hit
+
+
 HYBRID_BUGS: tuple[VllmBug, ...] = (
     VllmBug(
         "window-frees-one-too-many",
@@ -172,4 +207,55 @@ HYBRID_BUGS: tuple[VllmBug, ...] = (
         "request that exactly fits is refused",
         adapter="vllm-hybrid-sliding",
     ),
+    VllmBug(
+        "eagle-window-run-too-short",
+        "hybrid_hit_servable",
+        SINGLE_TYPE,
+        "SlidingWindowManager",
+        "_contiguous_blocks_for_hit",
+        _eagle_run_one_block_short,
+        "with EAGLE the sliding-window lookup still pops its last matched block but no longer asks for one more "
+        "contiguous block: the hit it grants needs a block before the window's run that may be evicted",
+        adapter="vllm-hybrid-sliding-eagle",
+    ),
+    VllmBug(
+        "eagle-drops-twice",
+        "hybrid_no_lost_hit",
+        SINGLE_TYPE,
+        "FullAttentionManager",
+        "find_longest_cache_hit",
+        _eagle_drops_twice,
+        "with EAGLE the full-attention lookup drops its last matched block twice (the manager and again its "
+        "caller): every hit is one block shorter than every group could serve",
+        adapter="vllm-hybrid-sliding-eagle",
+    ),
 )
+
+EAGLE_LOOKUP_CAPPED = VllmBug(
+    "eagle-lookup-capped",
+    "hybrid_no_lost_hit",
+    COORDINATOR,
+    "HybridKVCacheCoordinator",
+    "find_longest_cache_hit",
+    _eagle_lookup_capped,
+    "the EAGLE lookup reads no further than the hit cap (prompt - 1) before dropping a block: on a "
+    "block-aligned prompt the last whole block is never matched, so the hit is one block short",
+    adapter="vllm-hybrid-sliding-eagle",
+)
+"""The historical code of the known hybrid bug, seeded into the installed release (not searched for: under the
+ci profile the lost hit first shows as a refusal the longest hit would have avoided,
+hybrid_no_needless_refusal, after ~90 s; the regression replays the release matrix's case instead)."""
+
+HYBRID_KNOWN_BUGS_FILE = Path(__file__).parent / "data" / "vllm-hybrid-known-bugs.json"
+"""Counterexamples the release matrix found in released vLLM's hybrid allocator, a kvspec baseline like
+tests/data/vllm-known-bugs.json: adapter, invariant, release range, shrunk case."""
+
+HYBRID_KNOWN_BUGS: tuple[Entry, ...] = (
+    tuple(Baseline.load(HYBRID_KNOWN_BUGS_FILE).entries) if HYBRID_KNOWN_BUGS_FILE.exists() else ()
+)
+
+HYBRID_SEEDED_AS: dict[str, VllmBug] = {
+    "e283b771b3170a5b": EAGLE_LOOKUP_CAPPED,
+    "4da7fd4cc99e66c0": next(b for b in HYBRID_BUGS if b.name == "eagle-drops-twice"),
+}
+"""Known hybrid bug (fingerprint) -> the VllmBug that reproduces its historical code in the installed release."""

@@ -146,7 +146,8 @@ def hybrid_window_freed_once(t: Transition) -> Problems:
 
 def hybrid_hit_servable(t: Transition) -> Problems:
     """A hit is never longer than any group can serve: a whole number of every group's blocks, each group
-    holding cached the blocks it still reads, and one prompt token left to compute."""
+    holding cached the blocks it still reads (and, with EAGLE, the blocks past the hit its lookup matched and
+    dropped, within the prompt's whole blocks), and one prompt token left to compute."""
     if t.op.op not in ("admit", "resume") or t.outcome.status != "ok" or t.outcome.hit_tokens is None:
         return None
     views = _views(t)
@@ -161,13 +162,21 @@ def hybrid_hit_servable(t: Transition) -> Problems:
         if hit % group.block_size:
             problems.append(f"{t.op} hit {hit} tokens, not whole {group.block_size}-token blocks of group {g}")
         elif not group.servable(hit, prompt, cached):
-            missing = [i for i in group.read_blocks(hit) if prompt[: (i + 1) * group.block_size] not in cached]
-            problems.append(f"{t.op} hit {hit} tokens but group {g} ({group.kind}) has blocks {missing} uncached")
+            matched, bs = group.matched_blocks(hit), group.block_size
+            missing = [i for i in matched if prompt[: (i + 1) * bs] not in cached]
+            if matched.stop * bs > len(prompt):
+                problems.append(
+                    f"{t.op} hit {hit} tokens but group {g} ({group.kind}) drops {group.eagle_drop} block(s) past "
+                    f"it for EAGLE, which end at token {matched.stop * bs} of a {len(prompt)}-token prompt"
+                )
+            else:
+                problems.append(f"{t.op} hit {hit} tokens but group {g} ({group.kind}) has blocks {missing} uncached")
     return problems
 
 
 def hybrid_no_lost_hit(t: Transition) -> Problems:
-    """A hit is never shorter than the longest length every group could serve (no lost hits)."""
+    """A hit is never shorter than the longest length every group could serve (no lost hits); with EAGLE, each
+    group drops its ``eagle_drop`` blocks past that length once, not once per pass of the search."""
     if t.op.op not in ("admit", "resume") or t.outcome.status != "ok" or t.outcome.hit_tokens is None:
         return None
     views = _views(t)
