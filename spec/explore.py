@@ -200,7 +200,8 @@ class ExploreResult:
     """What the search covered: transitions (``states``), distinct states, depth, time, and a violation if any.
 
     ``complete``: no new state at the last depth: every reachable state of the bounded model was
-    visited. ``layers[k]``: the distinct states first reached by k operations (layer 0: the empty pool).
+    visited. ``checked``: the transitions each invariant was judged on (it applied to them).
+    ``layers[k]``: the distinct states first reached by k operations (layer 0: the empty pool).
     """
 
     bounds: Bounds
@@ -213,18 +214,13 @@ class ExploreResult:
     timed_out: bool = False
     semantics: Semantics = SEMANTICS
     reduced: bool = True
-    judged: list[str] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
     counterexample: Found | None = None
     tree: dict[State, tuple[State | None, Op | None]] = field(default_factory=dict, repr=False)
 
     @property
     def distinct(self) -> int:
         return sum(self.layers)
-
-    @property
-    def checked(self) -> dict[str, int]:
-        """Transitions each invariant was judged on: every one the search made."""
-        return dict.fromkeys(self.judged, self.states)
 
     @property
     def states_per_s(self) -> float:
@@ -276,7 +272,7 @@ def explore(
     frontier: deque[tuple[State, BlockLedger]] = deque([(start, root)])
     config, semantics = root.config, root.semantics
     judged = [inv for inv in INVARIANTS if inv.applies(semantics)]
-    result.judged = [inv.name for inv in judged]
+    result.checked = dict.fromkeys((inv.name for inv in judged), 0)
     for k in range(1, depth + 1):
         following: deque[tuple[State, BlockLedger]] = deque()
         fresh = 0
@@ -293,7 +289,13 @@ def explore(
                 after = work.observe()
                 result.states += 1
                 t = Transition(before, op, step.outcome, _events(step), after, config, semantics, KeyMemory())
-                broken = {inv.name: p for inv in judged if (p := inv.check(t))}
+                broken = {}
+                for inv in judged:
+                    problems = inv.check(t)
+                    if problems is not None:  # None: the invariant does not apply to this step
+                        result.checked[inv.name] += 1
+                        if problems:
+                            broken[inv.name] = problems
                 if broken and result.counterexample is None:
                     path = [*result.path(here), op]
                     result.counterexample = Found(path, list(broken), broken)
