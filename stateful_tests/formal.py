@@ -16,6 +16,7 @@ from typing import Any
 from kvspec.report import Report, Row, Status
 from kvspec.spec.bmc import AuxiliaryProof, BmcResult, Counterexample, Proof
 from kvspec.spec.parametric import EveryNProof, Refinement
+from kvspec.spec.pdr import PdrProof
 from kvspec.spec.score_proofs import PropertyResult
 from kvspec.spec.symbolic import Bounds
 from kvspec.spec.symbolic_invariants import SAFETY
@@ -129,4 +130,48 @@ def prove_report(
     )
 
 
-__all__ = ["SPEC", "bmc_report", "prove_report"]
+def _pdr_row(proof: PdrProof) -> Row:
+    if proof.counterexample is not None:
+        return Row(proof.invariant, "safety", 1, _violation(proof.counterexample))
+    if proof.verdict == "violated":  # derived by Spacer, not decoded into ops: a violation all the same
+        return Row(proof.invariant, "safety", 1, {"step": None, "ops": [], "problems": [proof.note]})
+    return Row(proof.invariant, "safety", 1 if proof.proved else 0, reason=proof.note or "not proved")
+
+
+def pdr_report(bounds: Bounds, proofs: Sequence[PdrProof], *, started_at: str, cases: Sequence[str] = ()) -> Report:
+    """One row per invariant Spacer was asked about: held once proved (and checked), violated, or unknown."""
+    rows = [_pdr_row(p) for p in proofs]
+    violated = any(row.verdict == "violated" for row in rows)
+    status: Status = "violated" if violated else ("passed" if all(r.verdict == "held" for r in rows) else "error")
+    undecided = [row.name for row in rows if row.verdict == "unknown"]
+    return Report(
+        adapter=SPEC,
+        rows=rows,
+        profile="prove",
+        started_at=started_at,
+        duration_s=sum(p.seconds for p in proofs),
+        examples=1,
+        steps=0,
+        status=status,
+        error=f"not proved by Spacer within the limits: {', '.join(undecided)}" if status == "error" else "",
+        cases=list(cases),
+        sections={
+            "formal": {
+                "engine": "pdr",
+                "bounds": bounds.to_json(),
+                "invariants": {
+                    p.invariant: {
+                        "verdict": p.verdict,
+                        "seconds": round(p.seconds, 3),
+                        "checked": p.checked,
+                        "inductive_invariant": None if p.inductive is None else str(p.inductive),
+                        "note": p.note,
+                    }
+                    for p in proofs
+                },
+            }
+        },
+    )
+
+
+__all__ = ["SPEC", "bmc_report", "pdr_report", "prove_report"]

@@ -24,6 +24,7 @@ ERROR_CASES: dict[str, list[str]] = {
     "gpu-check": ["gpu-check", "--repeats", "0"],
     "bmc": ["bmc", "--blocks", "0"],
     "prove": ["prove", "--blocks", "0"],
+    "explore": ["explore", "--adapter", "no-such-adapter"],
     "scenarios": ["scenarios", "--blocks", "0"],
     "crosshair": ["crosshair", "no_such_module_for_kvspec", "--budget", "60"],
     "serve-tiny": ["serve-tiny", "--block-size", "0"],

@@ -1,4 +1,4 @@
-"""The formal subcommands of ``kvspec``: bmc, prove, scenarios, crosshair.
+"""The formal subcommands of ``kvspec``: bmc, prove, explore, scenarios, crosshair.
 
 Exit codes: 0 held or proved, 1 a counterexample was found, 2 the check could not run or
 could not decide within its limits (never read that as a pass).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +57,35 @@ def register(subparsers: Any) -> None:
     _bounds_args(prove)
     prove.add_argument("--max-k", type=int, default=2, help="try plain k-induction up to this k (default 2)")
     prove.add_argument("--invariant", action="append", default=None, help="prove only this invariant (repeatable)")
-    prove.add_argument("--time-limit", type=float, default=None, help="give up after this many seconds")
+    prove.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="give up after this many seconds (--engine pdr: per invariant, default 60)",
+    )
+    prove.add_argument(
+        "--engine",
+        choices=("k-induction", "pdr"),
+        default="k-induction",
+        help="k-induction with the auxiliary invariants (default), or pdr: Z3's Spacer, nothing assumed",
+    )
+    prove.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     _report_args(prove)
     prove.set_defaults(handler=cmd_prove)
+
+    explore = subparsers.add_parser("explore", help="breadth-first search of every reachable state of the spec")
+    _bounds_args(explore)
+    explore.add_argument("--depth", type=int, default=100, help="at most this many ops from the empty pool")
+    explore.add_argument("--time-limit", type=float, default=None, help="stop after this many seconds")
+    explore.add_argument(
+        "--adapter", default=None, help="also drive this adapter (name or pkg.module:Factory) through every state"
+    )
+    explore.add_argument("--step-timeout", type=float, default=30.0, help="seconds before an adapter step hangs")
+    explore.add_argument("--no-symmetry", action="store_true", help="no reduction by renaming requests, blocks, tokens")
+    explore.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
+    explore.add_argument("--quiet", action="store_true", help="no per-depth progress lines")
+    _report_args(explore)
+    explore.set_defaults(handler=cmd_explore)
 
     scen = subparsers.add_parser("scenarios", help="find the shortest op sequence to each coverage goal")
     _bounds_args(scen)
@@ -166,6 +193,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
     problem = unwritable(args.report, args.junit)
     if problem is not None:
         return fail(problem)
+    if args.engine == "pdr":
+        return _prove_pdr(args)
     started, t0 = now(), time.monotonic()
     try:
         bounds = _bounds(args)
@@ -202,6 +231,134 @@ def cmd_prove(args: argparse.Namespace) -> int:
     report = prove_report(
         bounds, aux, proofs, every, refinement, scores, started_at=started, seconds=time.monotonic() - t0
     )
+    report.write(args.report, args.junit)
+    return report.exit_code
+
+
+def _prove_pdr(args: argparse.Namespace) -> int:
+    from kvspec.case import Case
+    from kvspec.spec.pdr import PdrProof, prove_pdr
+    from kvspec.stateful_tests.formal import pdr_report
+
+    started = now()
+    limit = 60.0 if args.time_limit is None else args.time_limit
+
+    def show(p: PdrProof) -> None:
+        verdict = {"proved": "proved", "violated": "VIOLATED"}.get(p.verdict, "unknown")
+        if p.verdict == "proved":
+            verdict += ", inductive invariant checked" if p.checked else ", NOT confirmed by the independent check"
+        print(f"  {p.invariant:<30} {verdict:<48} {p.seconds:6.1f} s  {p.note}", flush=True)
+        if p.inductive is not None:
+            print(f"    inductive invariant: {' '.join(str(p.inductive).split())}")
+        if p.counterexample is not None:
+            for i, op in enumerate(p.counterexample.ops):
+                print(f"  {i:>5}. {op}")
+
+    try:
+        bounds = _bounds(args)
+        print(f"PDR (Z3 Spacer), N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}:")
+        proofs = prove_pdr(bounds, args.invariant, time_limit=limit, progress=show)
+    except ValueError as exc:
+        return fail(str(exc))
+    cases = []
+    for p in proofs:
+        if p.counterexample is not None:
+            expected = {
+                "invariant": p.invariant,
+                "violated": p.counterexample.invariants,
+                "step": p.counterexample.step,
+                "source": "pdr",
+                "bounds": bounds.to_json(),
+            }
+            path = Case("reference", bounds.config, p.counterexample.ops, expected).save(args.cases_dir)
+            print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
+            cases.append(str(path))
+    report = pdr_report(bounds, proofs, started_at=started, cases=cases)
+    report.write(args.report, args.junit)
+    return report.exit_code
+
+
+def cmd_explore(args: argparse.Namespace) -> int:
+    from kvspec.adapters import AdapterLoadError, load
+    from kvspec.adapters.isolation import IsolatedAdapter
+    from kvspec.case import Case
+    from kvspec.spec.explore import explore
+    from kvspec.spec.symbolic import SEMANTICS
+    from kvspec.stateful_tests.explore import Drive, drive, explore_report
+
+    problem = unwritable(args.report, args.junit)
+    if problem is not None:
+        return fail(problem)
+    if args.depth < 1:
+        return fail("--depth must be at least 1")
+    started = now()
+    try:
+        bounds = _bounds(args)
+    except ValueError as exc:
+        return fail(str(exc))
+    adapter = None
+    semantics = SEMANTICS
+    if args.adapter is not None:
+        try:
+            adapter = IsolatedAdapter(load(args.adapter), args.step_timeout)
+        except (AdapterLoadError, Exception) as exc:
+            return fail(f"adapter {args.adapter!r} could not start: {exc}")
+        declared = adapter.capabilities.semantics
+        if declared.granularity != "block" or declared.layout != "one_table":
+            adapter.close()
+            return fail(f"adapter {args.adapter!r} is not a block cache with one table per request: nothing to explore")
+        # The spec's reachable states under the one choice the encoding leaves open and the adapter declares.
+        if declared.duplicate_keys in ("unkeyed", "newest"):
+            semantics = replace(SEMANTICS, duplicate_keys=declared.duplicate_keys)
+    what = f"N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}, A={bounds.alphabet}"
+    print(f"explicit-state search of the spec: {what}, depth {args.depth}")
+
+    def layer(k: int, fresh: int, seconds: float) -> None:
+        print(f"  depth {k}: {fresh} new states ({seconds:.1f} s)", flush=True)
+
+    result = explore(
+        bounds,
+        args.depth,
+        semantics=semantics,
+        time_limit=args.time_limit,
+        reduce=not args.no_symmetry,
+        progress=None if args.quiet else layer,
+    )
+    how = "the whole reachable space" if result.complete else f"every state within depth {result.depth}"
+    print(
+        f"{how}: {result.distinct} distinct states, {result.states} transitions checked, "
+        f"{result.seconds:.1f} s ({result.states_per_s:.0f} states/s)"
+        + (" -- time limit reached" if result.timed_out else "")
+    )
+    driven: Drive | None = None
+    cases: list[str] = []
+    cex = result.counterexample
+    if cex is not None:
+        print(f"COUNTEREXAMPLE at depth {len(cex.ops)}: {', '.join(cex.invariants)}")
+        for i, op in enumerate(cex.ops):
+            print(f"  {i:>3}. {op}")
+        expected = {"invariant": cex.invariants[0], "violated": cex.invariants, "step": len(cex.ops) - 1}
+        expected |= {"source": "explore", "bounds": bounds.to_json()}
+        cases.append(str(Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)))
+    elif adapter is not None:
+        try:
+            driven = drive(adapter, result, time_limit=args.time_limit)
+        finally:
+            adapter.close()
+        print(
+            f"adapter {args.adapter}: driven through {driven.states} states on {driven.paths} paths, "
+            f"{driven.tally.steps} steps, {driven.seconds:.1f} s"
+        )
+        failure = driven.violation
+        if failure is not None or driven.hung is not None:
+            name = failure.invariant if failure is not None else "adapter_contract"
+            print(f"VIOLATED {name}:\n{failure if failure is not None else driven.hung}")
+            expected = {"invariant": name, "step": len(driven.failed_ops) - 1, "source": "explore"}
+            case = Case(args.adapter, bounds.config, driven.failed_ops, expected)
+            cases.append(str(case.save(args.cases_dir)))
+    for path in cases:
+        print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
+    report = explore_report(result, started_at=started, adapter=args.adapter, driven=driven, cases=cases)
     report.write(args.report, args.junit)
     return report.exit_code
 
