@@ -688,6 +688,20 @@ def test_any_changed_value_is_judged_never_a_crash(tmp_path: Path, path: Path, f
     assert code == result.exit_code and report["status"] == result.status
 
 
+def test_a_hit_longer_than_its_prompt_is_a_violation_and_the_rates_stay_rates(tmp_path: Path) -> None:
+    """Found by the property above: a side-table lookup said 6 hit tokens of a 5-token prompt and the
+    report's token_hit_rate came out 1.2, which the report schema refuses."""
+    lines = load(SHARED_AWARE)
+    assert lines[1]["event"] == "prefix_lookup" and lines[1]["prompt_tokens"] == 5
+    lines[1]["hit_tokens"] = 6
+    code, report, _ = check_cli(tmp_path, write(tmp_path, lines), "side-table")
+    assert code == 1
+    assert verdicts(report)["cache_index_consistency"] == "violated"
+    assert "6 tokens of a 5-token prompt" in json.dumps(report)
+    quality = report["trace"]["quality"]
+    assert 0 <= quality["token_hit_rate"] <= 1
+
+
 # The JSON types of every field a format reads, by its place in a line (a list position is "[]");
 # "null" where the field may be null (absent). Fields a format keeps for the reader are not listed.
 NUMBER, OPTIONAL_INT = frozenset({"int", "float"}), frozenset({"int", "null"})

@@ -98,12 +98,16 @@ class TraceQuality:
 
     # -- what the replay reports --------------------------------------------------------
     def lookup(self, *, hit: bool, prompt_tokens: int | None = None, hit_tokens: int | None = None) -> None:
-        """One prefix lookup; token counts where the trace gives them."""
+        """One prefix lookup; token counts where the trace gives them.
+
+        A hit longer than its prompt (a wrong trace, which the format's check reports) counts
+        as the whole prompt, so the token hit rate stays a rate.
+        """
         self.lookups += 1
         self.lookups_hit += hit
         if prompt_tokens is not None and hit_tokens is not None:
             self.prompt_tokens += prompt_tokens
-            self.hit_tokens += hit_tokens
+            self.hit_tokens += min(hit_tokens, prompt_tokens)
 
     def lookup_blocks_hit(self, blocks: int, hit: int) -> None:
         """A lookup over ``blocks`` full-block hashes that reused ``hit`` blocks."""

@@ -394,6 +394,8 @@ class SideTableLedger:
         results: dict[str, Problems] = {"cache_index_consistency": index_problems}
         prompt, bs = line.opt_int("prompt_tokens", minimum=0), self.header.block_size
         said_hit = line.opt_int("hit_tokens", minimum=0)
+        if prompt is not None and said_hit is not None and said_hit > prompt:
+            index_problems.append(f"a lookup hit {said_hit} tokens of a {prompt}-token prompt")
         self.quality.lookup(
             hit=bool(hit_blocks), prompt_tokens=prompt, hit_tokens=said_hit if said_hit is not None else None
         )
