@@ -8,6 +8,7 @@ example database is the first example the Hypothesis engine runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -19,8 +20,9 @@ from test_seeded_bugs import SEEDED_PROFILE, refines, replay
 from kvspec import schemas
 from kvspec.adapters import load
 from kvspec.adapters.base import Capabilities
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli import main
-from kvspec.spec import Semantics
+from kvspec.spec import Op, Outcome, Semantics
 from kvspec.stateful_tests import Case, replay_ops, run_check
 from kvspec.stateful_tests.conformance import _database
 from kvspec.stateful_tests.kept_cases import kept_cases
@@ -159,3 +161,32 @@ def test_check_engine_swarm_on_the_command_line(tmp_path: Path, capsys: pytest.C
     with pytest.raises(SystemExit) as usage:
         main([*args, "--engine", "chess"])
     assert usage.value.code == 2
+
+
+class WithContracts(ReferencePagedAdapter):
+    """The reference, declaring two misuse contracts that it keeps: a contract op is run as the plain op."""
+
+    capabilities = dataclasses.replace(
+        ReferencePagedAdapter.capabilities, contracts=frozenset({"release:repeated", "preempt:repeated"})
+    )
+
+
+class RepeatedReleaseFails(WithContracts):
+    """A repeated free is not idempotent: the second free of the same request is what the caller sees."""
+
+    def apply(self, op: Op) -> Outcome:
+        outcome = super().apply(op)
+        if op.op == "release" and op.contract == "repeated":
+            return super().apply(op)
+        return outcome
+
+
+def test_swarm_walks_declared_contracts_and_finds_a_broken_one(tmp_path: Path) -> None:
+    """An adapter's misuse contracts are moves of the swarm too: kept, they hold; broken, the invariant says so."""
+    kept = run_swarm(WithContracts, name="contracts", profile=SEEDED_PROFILE, cases_dir=tmp_path, max_examples=60)
+    assert kept.exit_code == 0, kept.report().table()
+    assert kept.tally.coverage["contract:release:repeated:ok"] and kept.tally.coverage["contract:preempt:repeated:ok"]
+    broken = run_swarm(RepeatedReleaseFails, name="broken", profile=SEEDED_PROFILE, cases_dir=tmp_path)
+    assert broken.exit_code == 1 and broken.failure is not None
+    assert broken.failure.invariant == "bad_input_rejected", broken.failure
+    assert broken.failure_ops[-1].contract == "repeated"
