@@ -30,6 +30,7 @@ from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 from kvspec.spec.ops import bad_input_kinds
 
 from .harness import AdapterHung, Harness, Tally, Violation
+from .kept_cases import forget_case, kept_cases
 from .machine import build_machine
 from .rounds import derandomized_seed, run_in_rounds
 from .strategies import DEFAULT_RANGES, PoolRanges
@@ -79,6 +80,9 @@ class Result:
     budget_spent: bool = False  # the run stopped starting examples at its time budget
     more_failures: list[tuple[Violation, list[Op], Config | None]] = field(default_factory=list)  # keep_going
     derandomized: bool = False  # Hypothesis's derandomized run: ``seed`` is the one it derives from the machine
+    kept_cases: int = 0  # counterexamples kept in the example database (a swarm run's), replayed first
+    engine: str = "hypothesis"  # which explorer ran: hypothesis (run_check) or swarm (swarm.run_swarm)
+    sections: dict[str, Any] = field(default_factory=dict)  # what the engine adds to the report
 
     @property
     def exit_code(self) -> ExitCode:
@@ -111,6 +115,9 @@ class Result:
             cases=self.cases,
             sections={
                 "given_cases": self.given_cases,
+                "kept_cases": self.kept_cases,
+                "engine": self.engine,
+                **self.sections,
                 "examples_to_first_failure": (tally.first_failure_at or (None, None))[0],
                 **(
                     {"time_budget_s": self.time_budget_s, "budget_spent": self.budget_spent}
@@ -119,7 +126,8 @@ class Result:
                 ),
                 "seconds_to_first_failure": None if tally.first_failure_s is None else round(tally.first_failure_s, 3),
             },
-            title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}",
+            title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}"
+            + ("" if self.engine == "hypothesis" else f", engine {self.engine}"),
             details=self._details(),
         )
 
@@ -130,8 +138,12 @@ class Result:
         lines = ["", f"{tally.examples} examples, {tally.steps} steps in {self.duration_s:.1f} s ({rate:.0f} steps/s)"]
         if self.budget_spent:
             lines.append(f"stopped at the time budget of {self.time_budget_s:g} s")
+        if self.kept_cases:
+            lines.append(f"the first {self.kept_cases} examples were counterexamples kept in the example database")
         if self.given_cases:
-            lines.append(f"the first {self.given_cases} examples were the bounded model's coverage cases")
+            lines.append(
+                f"then {self.given_cases} examples were the given cases and the bounded model's coverage cases"
+            )
         if tally.first_failure_at is not None:
             lines.append(
                 f"first failure after {tally.first_failure_at[0]} examples ({tally.first_failure_s or 0:.1f} s); "
@@ -244,8 +256,13 @@ def run_check(
             result.derandomized = derandomized
             hypothesis_seed = None if derandomized else seed
             found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
-            for case in extra_cases:
+            database = _database(example_db, name)
+            kept = kept_cases(database) if database is not None else []
+            result.kept_cases = len(kept)
+            for case in [*kept, *extra_cases]:
                 violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
+                if violation is None and database is not None and case in kept:
+                    forget_case(database, case)  # it fails no more: the bug it found was fixed
                 if violation is not None and not keep_going:
                     _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
                     return result
@@ -257,7 +274,7 @@ def run_check(
             try:
                 run_in_rounds(
                     machine,
-                    _settings(profile, max_examples, derandomized, _database(example_db, name)),
+                    _settings(profile, max_examples, derandomized, database),
                     hypothesis_seed,
                     tally.deadline,
                 )
@@ -470,17 +487,21 @@ def minimize_ops(
 
     Hypothesis shrinks the choices that generated the ops; deleting a step there can
     change what later steps draw. Replaying concrete ops has no such coupling, so
-    this pass finishes what shrinking leaves.
+    this pass finishes what shrinking leaves. Passes repeat until one drops nothing: dropping a later op
+    can make an earlier one unnecessary, and a single pass would leave it (a swarm walk's long failures
+    showed it, tests/test_swarm.py).
     """
     best, best_violation = list(ops[: violation.step + 1]), violation
-    i = 0
-    while i < len(best):
-        candidate = best[:i] + best[i + 1 :]
-        again = replay_ops(adapter, config, candidate, Tally(ignored=ignore), refine=refine) if candidate else None
-        if again is not None and again.invariant == violation.invariant:
-            best, best_violation = candidate[: again.step + 1], again
-        else:
-            i += 1
+    dropped = True
+    while dropped:
+        dropped, i = False, 0
+        while i < len(best):
+            candidate = best[:i] + best[i + 1 :]
+            again = replay_ops(adapter, config, candidate, Tally(ignored=ignore), refine=refine) if candidate else None
+            if again is not None and again.invariant == violation.invariant:
+                best, best_violation, dropped = candidate[: again.step + 1], again, True
+            else:
+                i += 1
     return best, best_violation
 
 

@@ -2,7 +2,8 @@
 
 Which runner an adapter needs is declared by its capabilities, read from the one
 instance the run starts with: an in-process adapter (``apply``/``observe``) goes to the
-Hypothesis suite (:func:`.conformance.run_check`), a live one (``Capabilities.live``) to
+Hypothesis suite (:func:`.conformance.run_check`, or with ``Options.engine`` ``swarm`` the
+swarm explorer, :func:`.swarm.run_swarm`), a live one (``Capabilities.live``) to
 the live-server runner (:func:`.live.run_live`). The CLI, the pytest plugin and its
 fixture all come through here, so they cannot drift apart.
 """
@@ -25,6 +26,7 @@ from .bad_inputs import bad_input_cases
 from .conformance import PROFILES, Result, run_check
 from .harness import Tally
 from .live import LIVE_PROFILES, run_live
+from .swarm import run_swarm
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Options:
     ignore: frozenset[str] = frozenset()  # invariants counted but not judged (a gate's known violations)
     given_cases: tuple[Case, ...] = ()  # replayed before anything else (saved counterexamples)
     keep_going: bool = False  # report each distinct violated invariant once, each with its own shrunk case
+    engine: str = "hypothesis"  # in-process adapters: hypothesis (conformance.run_check) or swarm (swarm.run_swarm)
     live: LiveTarget = field(default_factory=LiveTarget)
 
 
@@ -72,6 +75,11 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         return not_started(name, options, "interrupted", "interrupted")
     except Exception as exc:  # the adapter could not be built: the check could not run
         return not_started(name, options, "error", f"the adapter could not start: {_reason(exc)}")
+    if live and options.engine != "hypothesis":
+        adapter.close()
+        return not_started(
+            name, options, "error", f"the {options.engine} engine drives in-process adapters, not live ones"
+        )
     if live:
         from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
 
@@ -97,7 +105,8 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         extra = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
         extra = [case for case in extra if all(caps.allows(op) for op in case.ops)]
     extra = [*options.given_cases, *extra]
-    return run_check(
+    run = run_swarm if options.engine == "swarm" else run_check
+    return run(
         factory,
         name=name,
         profile=profile,

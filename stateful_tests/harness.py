@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -103,6 +103,8 @@ class Tally:
     ignored: frozenset[str] = frozenset()
     # time.monotonic() after which no new round of examples starts (a time budget); None: no budget.
     deadline: float | None = None
+    # The distinct abstract states reached (abstract_state), counted only when a set is given (a benchmark).
+    states: set[Hashable] | None = None
 
 
 class Harness:
@@ -193,6 +195,8 @@ class Harness:
                 failures[name] = problems
         if failures:
             self._fail(index, op, failures)
+        if self.tally.states is not None:
+            self.tally.states.add(abstract_state(self.config, after))
         self.obs = after
         return outcome
 
@@ -222,6 +226,21 @@ class Harness:
             self.tally.first_violation.setdefault(name, {"step": index, "op": where, "problems": problems[:5]})
         self.tally.last_failure = (self.config, list(self.ops), violation)
         raise violation
+
+
+def abstract_state(config: Config, obs: Observation) -> Hashable:
+    """The shape of a pool, not its names: the pool, free capacity, objects counted by (cached, ref_count up to 2),
+    requests counted by state. Two explorers are compared by how many of these they reach (benchmarks/swarm.py)."""
+    shape: Counter[tuple[bool, int]] = Counter((o.key is not None, min(o.ref_count, 2)) for o in obs.objects.values())
+    states = Counter(r.state for r in obs.requests.values())
+    return (
+        config.capacity,
+        config.block_size,
+        obs.free,
+        tuple(sorted(shape.items())),
+        states["running"],
+        states["preempted"],
+    )
 
 
 def _raised(exc: Exception) -> str:

@@ -7,13 +7,14 @@ or preempted is read from the adapter's own observation, never guessed.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import ClassVar, cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from kvspec.adapters.base import Adapter
-from kvspec.spec import Config, Op
+from kvspec.spec import Config, Observation, Op
 from kvspec.spec.ops import OpKind, bad_input_kinds
 
 from .harness import Harness, Tally
@@ -167,53 +168,72 @@ class KVLifecycle(RuleBasedStateMachine):
 
     def _bad_op(self, kind: str, data: st.DataObject) -> Op | None:
         """An op of bad-input class ``kind`` in the current state, or None when the state has none."""
-        new, too_long = f"r{self.next_id}", (0,) * (self.max_tokens + 1)
-        live, running, waiting = (
-            sorted(self.harness.obs.requests),
-            self._requests("running"),
-            self._requests("preempted"),
+        return bad_op(
+            kind, self.harness.obs, self.ops, self.next_id, self.max_tokens, lambda reqs: reqs[pick(data, reqs, "req")]
         )
-
-        def one(reqs: list[str]) -> str:
-            return reqs[pick(data, reqs, "req")]
-
-        if kind == "no_request_id":
-            return Op("admit", "", (1,))
-        if kind == "empty_prompt":
-            return Op("admit", new, ())
-        if kind == "negative_token":
-            return Op("admit", new, (1, -1))
-        if kind == "prompt_larger_than_pool":
-            return Op("admit", new, too_long)
-        if kind == "unknown_op":
-            return Op(cast(OpKind, "defragment"), one(live) if live else "ghost")
-        if kind == "unknown_request":
-            gone = [f"r{i}" for i in range(self.next_id) if f"r{i}" not in self.harness.obs.requests]
-            return self._unknown_request(one(gone) if gone else "ghost")
-        pick_from = {
-            "admit_existing": live,
-            "append_not_running": waiting,
-            "preempt_not_running": waiting,
-        }.get(kind, running)
-        if not pick_from:
-            return None
-        req = one(pick_from)
-        return {
-            "admit_existing": Op("admit", req, (1,)),
-            "append_not_running": Op("append", req, (1,)),
-            "append_nothing": Op("append", req, ()),
-            "append_larger_than_pool": Op("append", req, too_long),
-            "preempt_not_running": Op("preempt", req),
-            "preempt_bad_mode": Op("preempt", req, mode="swap"),
-            "resume_not_preempted": Op("resume", req),
-        }[kind]
 
     def _unknown_request(self, req: str = "ghost") -> Op:
         """An op on a request that is not live, of the first kind the adapter implements."""
-        kind = next((k for k in ("release", "append", "preempt", "resume") if k in self.ops), None)
-        if kind is None:  # admit only: an empty prompt is bad input every adapter can be given
-            return Op("admit", f"r{self.next_id}", ())
-        return Op(cast(OpKind, kind), req, (1,) if kind == "append" else ())
+        return unknown_request(self.ops, self.next_id, req)
+
+
+def bad_op(
+    kind: str,
+    obs: Observation,
+    ops: frozenset[OpKind],
+    next_id: int,
+    max_tokens: int,
+    one: Callable[[list[str]], str],
+) -> Op | None:
+    """An op of bad-input class ``kind`` in the pool ``obs`` shows, or None when that state has none.
+
+    ``next_id``: the number of the next request id (``r{next_id}`` is not live); ``max_tokens``: the
+    longest prompt an empty pool holds; ``one(reqs)`` picks one of a non-empty list of request ids
+    (the machine draws it, the swarm walker takes it from its own random stream). Shared by both, so
+    that the bad input they give is the same set of classes built the same way.
+    """
+    new, too_long = f"r{next_id}", (0,) * (max_tokens + 1)
+    live = sorted(obs.requests)
+    running = sorted(r.req for r in obs.requests.values() if r.state == "running")
+    waiting = sorted(r.req for r in obs.requests.values() if r.state == "preempted")
+    if kind == "no_request_id":
+        return Op("admit", "", (1,))
+    if kind == "empty_prompt":
+        return Op("admit", new, ())
+    if kind == "negative_token":
+        return Op("admit", new, (1, -1))
+    if kind == "prompt_larger_than_pool":
+        return Op("admit", new, too_long)
+    if kind == "unknown_op":
+        return Op(cast(OpKind, "defragment"), one(live) if live else "ghost")
+    if kind == "unknown_request":
+        gone = [f"r{i}" for i in range(next_id) if f"r{i}" not in obs.requests]
+        return unknown_request(ops, next_id, one(gone) if gone else "ghost")
+    pick_from = {
+        "admit_existing": live,
+        "append_not_running": waiting,
+        "preempt_not_running": waiting,
+    }.get(kind, running)
+    if not pick_from:
+        return None
+    req = one(pick_from)
+    return {
+        "admit_existing": Op("admit", req, (1,)),
+        "append_not_running": Op("append", req, (1,)),
+        "append_nothing": Op("append", req, ()),
+        "append_larger_than_pool": Op("append", req, too_long),
+        "preempt_not_running": Op("preempt", req),
+        "preempt_bad_mode": Op("preempt", req, mode="swap"),
+        "resume_not_preempted": Op("resume", req),
+    }[kind]
+
+
+def unknown_request(ops: frozenset[OpKind], next_id: int, req: str = "ghost") -> Op:
+    """An op on a request that is not live, of the first kind among ``ops`` that names one."""
+    kind = next((k for k in ("release", "append", "preempt", "resume") if k in ops), None)
+    if kind is None:  # admit only: an empty prompt is bad input every adapter can be given
+        return Op("admit", f"r{next_id}", ())
+    return Op(cast(OpKind, kind), req, (1,) if kind == "append" else ())
 
 
 class KVLifecycleWithContracts(KVLifecycle):
@@ -226,16 +246,7 @@ class KVLifecycleWithContracts(KVLifecycle):
 
     def _contract_choices(self) -> list[str]:
         """The declared contracts whose op the pool can take now (a request in the state it needs)."""
-        states = {r.state for r in self.harness.obs.requests.values()}
-        need = {"append": "running", "preempt": "running", "resume": "preempted"}
-        ready = {"release": bool(states), "reset_cache": bool(self.harness.obs.objects)}
-        return [
-            c
-            for c in self.contracts
-            if ready.get(
-                c.partition(":")[0], need.get(c.partition(":")[0], "running") in states or c.startswith("admit:")
-            )
-        ]
+        return ready_contracts(self.contracts, self.harness.obs)
 
     @precondition(lambda self: bool(self._contract_choices()))
     @rule(data=st.data())
@@ -255,6 +266,18 @@ class KVLifecycleWithContracts(KVLifecycle):
             state = {"preempt": "running", "resume": "preempted"}.get(kind)
             reqs = self._requests(state) if state else sorted(self.harness.obs.requests)
             self._step(Op(cast(OpKind, kind), reqs[pick(data, reqs, "req")], contract=name))
+
+
+def ready_contracts(contracts: Sequence[str], obs: Observation) -> list[str]:
+    """Of the declared ``contracts`` (``OP:NAME``), those whose op the pool ``obs`` shows can take now."""
+    states = {r.state for r in obs.requests.values()}
+    need = {"append": "running", "preempt": "running", "resume": "preempted"}
+    ready = {"release": bool(states), "reset_cache": bool(obs.objects)}
+    return [
+        c
+        for c in contracts
+        if ready.get(c.partition(":")[0], need.get(c.partition(":")[0], "running") in states or c.startswith("admit:"))
+    ]
 
 
 def build_machine(

@@ -16,6 +16,9 @@ from kvspec.stateful_tests.live import MODES
 
 from .common import fail, positive, unreadable, unwritable
 
+ENGINES = ("hypothesis", "swarm")
+"""The explorers of an in-process adapter (stateful_tests: conformance.run_check, swarm.run_swarm)."""
+
 
 def register(sub: Any) -> None:
     """Add check, replay and adapters to the ``kvspec`` subcommands."""
@@ -45,6 +48,21 @@ def register(sub: Any) -> None:
         "--keep-going",
         action="store_true",
         help="after a violation keep exploring; report each distinct violated invariant once, with its own case",
+    )
+    check.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="hypothesis",
+        help="hypothesis: the state machine, shrunk by Hypothesis (default); swarm: seeded random walks, each with "
+        "a drawn subset of op kinds and prompt shapes, minimised by replay (docs/swarm.md)",
+    )
+    check.add_argument(
+        "--example-db",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="example database folder: failures found are kept there and replayed first by the next run "
+        "(a swarm run's cases included)",
     )
     live = check.add_argument_group("live adapters (vllm-live)")
     live.add_argument("--url", default=None, help="check this running server instead of starting the tiny one")
@@ -76,6 +94,8 @@ def _options(args: argparse.Namespace) -> Options:
         scenarios=not args.no_scenarios,
         quiet=args.quiet,
         keep_going=args.keep_going,
+        engine=args.engine,
+        example_db=args.example_db,
         live=live,
     )
 

@@ -1,0 +1,217 @@
+"""The swarm explorer against the Hypothesis engine: steps/s, abstract states per minute, time to a counterexample.
+
+Two tables:
+1. Per bundled adapter, each engine with the same number of examples (walks) of the ci
+   profile: checked steps/s, the bare adapter's steps/s replaying the very same ops with
+   no checking (in this process, as benchmarks/steps_per_second.py measures it), the share
+   of it the check keeps, and the distinct abstract states reached
+   (``harness.abstract_state``) in all and per minute.
+2. Per seeded bug of tests/seeded_bugs.py (the seeded-bug test's profile and modes), each
+   engine: examples and seconds to the first counterexample, seconds including shrinking
+   or minimising, the reported length, and whether the bug's invariant was named.
+
+Writes JSON and a markdown table. ``--quick`` (CI): 20 examples per adapter and two bugs; the full run takes
+about 15 minutes on two loaded cores, most of it the Hypothesis engine's shrinking.
+
+Usage: python benchmarks/swarm.py [--quick] [--examples N] [--json OUT] [--markdown OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any, ClassVar
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from seeded_bugs import SEEDED_BUGS  # noqa: E402
+from test_seeded_bugs import SEEDED_PROFILE, refines  # noqa: E402
+
+import kvspec.stateful_tests.machine as machine_module  # noqa: E402
+import kvspec.stateful_tests.swarm as swarm_module  # noqa: E402
+from kvspec import jsonio  # noqa: E402
+from kvspec.adapters import load  # noqa: E402
+from kvspec.spec import Op  # noqa: E402
+from kvspec.stateful_tests import PROFILES, Harness, Result, run_check  # noqa: E402
+from kvspec.stateful_tests.swarm import run_swarm  # noqa: E402
+
+ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
+QUICK_BUGS = ("no-eviction-on-admit", "scheduler-frees-incoming-size")
+QUICK_EXAMPLES = 20
+ENGINES: dict[str, Callable[..., Result]] = {"hypothesis": run_check, "swarm": run_swarm}
+IN_PROCESS = "swarm, in-process"
+"""The swarm with the adapter in the kit's process (``isolate=False``): what the child process's pipe costs."""
+
+
+class Recorder(Harness):
+    """A harness that also records every example's ops, for the bare replay."""
+
+    log: ClassVar[list[tuple[Any, list[Op]]]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        Recorder.log.append((self.config, self.ops))
+
+
+def bare_rate(name: str, log: list[tuple[Any, list[Op]]]) -> float:
+    """Steps/s of the adapter alone (apply, events, observe) on the recorded ops, in this process."""
+    adapter = load(name)()
+    n = 0
+    t0 = time.perf_counter()
+    for config, ops in log:
+        adapter.reset(config)
+        for op in ops:
+            adapter.apply(op)
+            adapter.events()
+            adapter.observe()
+            n += 1
+    return n / (time.perf_counter() - t0)
+
+
+def adapter_rows(examples: int) -> list[dict[str, Any]]:
+    rows = []
+    for name in ADAPTERS:
+        for engine, run in [*ENGINES.items(), (IN_PROCESS, run_swarm)]:
+            Recorder.log = []
+            states: set[Hashable] = set()
+            originals = machine_module.Harness, swarm_module.Harness
+            machine_module.Harness = swarm_module.Harness = Recorder  # type: ignore[misc]
+            try:
+                with TemporaryDirectory() as tmp:
+                    kwargs: dict[str, Any] = {} if engine == "hypothesis" else {"states": states}
+                    if engine == IN_PROCESS:
+                        kwargs["isolate"] = False
+                    if engine == "hypothesis":
+                        machine_module.Harness = _counting(states)  # type: ignore[misc]
+                    result = run(
+                        load(name), name=name, profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp),
+                        **kwargs,
+                    )  # fmt: skip
+            finally:
+                machine_module.Harness, swarm_module.Harness = originals  # type: ignore[misc]
+            assert result.status == "passed", result.report().table()
+            checked = result.tally.steps / result.duration_s
+            bare = bare_rate(name, Recorder.log)
+            rows.append(
+                {
+                    "adapter": name,
+                    "engine": engine,
+                    "examples": result.tally.examples,
+                    "checked_steps": result.tally.steps,
+                    "seconds": round(result.duration_s, 2),
+                    "checked_steps_per_s": round(checked),
+                    "bare_steps_per_s": round(bare),
+                    "share_of_bare": round(checked / bare, 3),
+                    "abstract_states": len(states),
+                    "abstract_states_per_min": round(len(states) / result.duration_s * 60),
+                }
+            )
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _counting(states: set[Hashable]) -> type[Harness]:
+    """The recording harness whose tally also collects abstract states (the Hypothesis engine's Tally is its own)."""
+
+    class Counting(Recorder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.tally.states = states
+
+    return Counting
+
+
+def bug_rows(names: tuple[str, ...] | None) -> list[dict[str, Any]]:
+    rows = []
+    for bug in SEEDED_BUGS:
+        if names is not None and bug.name not in names:
+            continue
+        for engine, run in ENGINES.items():
+            with TemporaryDirectory() as tmp:
+                t0 = time.perf_counter()
+                result = run(bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=Path(tmp),
+                             refine=refines(bug), keep_going=engine == "swarm")  # fmt: skip
+                total = time.perf_counter() - t0
+            first = result.tally.first_failure_at
+            named = {v.invariant for v, _, _ in result.more_failures}
+            if result.failure is not None:
+                named.add(result.failure.invariant)
+            rows.append(
+                {
+                    "bug": bug.name,
+                    "invariant": bug.invariant,
+                    "engine": engine,
+                    "found": bug.invariant in named or (bug.named_first or bug.invariant) in named,
+                    "examples_to_first": first[0] if first else None,
+                    "seconds_to_first": None if result.tally.first_failure_s is None else round(
+                        result.tally.first_failure_s, 3),
+                    "seconds_total": round(total, 2),
+                    "reported_ops": len(result.failure_ops),
+                }
+            )  # fmt: skip
+            print(rows[-1], flush=True)
+    return rows
+
+
+def markdown(data: dict[str, Any]) -> str:
+    lines = [
+        "# The swarm explorer against the Hypothesis engine",
+        "",
+        f"`python benchmarks/swarm.py{' --quick' if data['quick'] else ''}` on {data['machine']}; "
+        f"{data['examples']} examples (walks) of the ci profile per adapter and engine.",
+        "",
+        "| adapter | engine | examples | checked steps | checked steps/s | bare steps/s | share of bare "
+        "| abstract states | states/min |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["adapters"]:
+        lines.append(
+            f"| {r['adapter']} | {r['engine']} | {r['examples']} | {r['checked_steps']} | {r['checked_steps_per_s']} "
+            f"| {r['bare_steps_per_s']} | {r['share_of_bare']:.1%} | {r['abstract_states']} "
+            f"| {r['abstract_states_per_min']} |"
+        )
+    lines += [
+        "",
+        "Seeded bugs (the seeded-bug test's profile: ci with 20 steps per example; the swarm with keep-going, so "
+        "a bug whose first failing walk breaks another invariant first still counts when its own is reported):",
+        "",
+        "| bug | invariant | engine | found | examples to first | seconds to first | seconds total | reported ops |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["seeded_bugs"]:
+        lines.append(
+            f"| {r['bug']} | {r['invariant']} | {r['engine']} | {r['found']} | {r['examples_to_first']} "
+            f"| {r['seconds_to_first']} | {r['seconds_total']} | {r['reported_ops']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="CI: 20 examples per adapter, two seeded bugs")
+    parser.add_argument("--examples", type=int, default=None, help="examples (walks) per adapter and engine")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.json")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.md")
+    args = parser.parse_args()
+    examples = args.examples or (QUICK_EXAMPLES if args.quick else 200)
+    data: dict[str, Any] = {
+        "kvspec_bench_swarm": 1,
+        "quick": args.quick,
+        "examples": examples,
+        "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
+        "adapters": adapter_rows(examples),
+        "seeded_bugs": bug_rows(QUICK_BUGS if args.quick else None),
+    }
+    jsonio.write(args.json, data)
+    jsonio.write_text(args.markdown, markdown(data))
+    print(f"wrote {args.json} and {args.markdown}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,385 @@
+"""The swarm explorer (``kvspec check --engine swarm``): seeded random walks, no Hypothesis generation per step.
+
+Swarm testing (Groce, Zhang, Eide, Chen and Regehr, "Swarm testing", ISSTA 2012): each
+walk draws a subset of the moves (op kinds) and of the prompt shapes and uses only
+those, so that one walk leans hard on a few features (admits and preemptions with no
+release to relieve the pool, say) instead of every walk averaging over all of them.
+The moves and shapes are the Hypothesis machine's rules (machine.py), the bad input the
+same classes built by the same function (``machine.bad_op``). A walk is a plain
+``random.Random`` stream seeded by the run's seed and the walk's number, so the same
+seed gives the same walks, op for op, and each walk's pool is drawn from the profile's
+ranges as the machine draws it.
+
+Every step goes through the same :class:`~.harness.Harness` (the spec's prediction, the
+adapter in its child process, every invariant). A failure is handled as the Hypothesis
+engine handles its shrunk one (``conformance._record_failure``): replayed on a fresh
+adapter, minimised by replay (``conformance.minimize_ops``: ops dropped one at a time
+while the same invariant still breaks), saved as a case; with an example database it is
+also kept there (``kept_cases``), and the Hypothesis engine replays it before anything
+else. The result is the engine's :class:`~.conformance.Result`: the same report, the
+same exit codes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from kvspec.adapters import AdapterFactory
+from kvspec.adapters.base import Adapter, Capabilities
+from kvspec.adapters.isolation import isolated
+from kvspec.case import Case
+from kvspec.report import now
+from kvspec.spec import Config, Op
+from kvspec.spec.invariants import PolicyQuality
+from kvspec.spec.ops import OpKind, bad_input_kinds
+
+from .conformance import (
+    Profile,
+    Result,
+    _database,
+    _keep_what_was_found,
+    _quality_finding,
+    _record_failure,
+    _record_failures,
+    _record_hang,
+    applicable_invariants,
+    replay_ops,
+)
+from .harness import AdapterHung, Harness, Tally, Violation
+from .kept_cases import keep_case
+from .machine import bad_op, max_prompt_tokens, ready_contracts, unknown_request
+from .strategies import COLD_BASE
+
+MOVES: tuple[str, ...] = (
+    "admit",
+    "decode",
+    "append_chunk",
+    "finish_oldest",
+    "release",
+    "preempt",
+    "resume",
+    "reset_cache",
+    "bad_input",
+    "misuse_contract",
+)
+"""The op kinds a walk may use: the machine's rules, the five admit rules as one move with a prompt shape."""
+
+SHAPES: tuple[str, ...] = ("family", "fork", "repeat", "cold", "long")
+"""The prompt shapes of an admit (strategies.py): template + tail, a fork of an earlier conversation, the
+same prompt again, a prompt sharing nothing, a prompt of half the pool or more."""
+
+_NEEDS: dict[str, str] = {
+    "decode": "append",
+    "append_chunk": "append",
+    "finish_oldest": "release",
+    "release": "release",
+    "preempt": "preempt",
+    "resume": "resume",
+    "reset_cache": "reset_cache",
+}
+
+
+@dataclass(frozen=True)
+class Swarm:
+    """What one walk may use: its moves (``admit`` always) and its prompt shapes (at least one)."""
+
+    moves: tuple[str, ...]
+    shapes: tuple[str, ...]
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"moves": list(self.moves), "shapes": list(self.shapes)}
+
+
+def draw_swarm(rng: random.Random, caps: Capabilities) -> Swarm:
+    """Each move the adapter can take kept with probability 1/2 (admit always), each shape likewise (one at least)."""
+    possible = [m for m in MOVES if _NEEDS.get(m, "admit") in caps.ops and (m != "misuse_contract" or caps.contracts)]
+    moves = tuple(m for m in possible if m == "admit" or rng.random() < 0.5)
+    shapes = tuple(s for s in SHAPES if rng.random() < 0.5) or (rng.choice(SHAPES),)
+    return Swarm(moves, shapes)
+
+
+def draw_config(rng: random.Random, caps: Capabilities, profile: Profile) -> Config:
+    """A pool from the profile's ranges, as ``strategies.configs`` draws it (the adapter's fixed pool if it has one)."""
+    if caps.fixed_config is not None:
+        return caps.fixed_config
+    ranges = profile.ranges
+    if caps.semantics.granularity == "entry":
+        return Config(
+            capacity=rng.randint(*ranges.entry_capacity),
+            block_size=1,
+            bytes_per_token=rng.choice(ranges.bytes_per_token),
+        )
+    low, high = ranges.capacity
+    return Config(
+        capacity=rng.randint(low * caps.pool_scale, high * caps.pool_scale), block_size=rng.choice(ranges.block_sizes)
+    )
+
+
+class Walker:
+    """One walk: a fresh pool, the swarm it may use, and the ops applied so far (``harness.ops``).
+
+    Keeps what the machine keeps (the next request id, the prompts seen, the templates) and
+    enables a move only where the machine's precondition would (a request in the state the op needs).
+    """
+
+    def __init__(
+        self, adapter: Adapter, caps: Capabilities, tally: Tally, profile: Profile, rng: random.Random, refine: bool
+    ) -> None:
+        self.caps, self.rng = caps, rng
+        self.swarm = draw_swarm(rng, caps)
+        config = draw_config(rng, caps, profile)
+        self.harness = Harness(adapter, config, tally, refine=refine)
+        bs = config.block_size
+        self.templates = [self._tokens(1, 3 * bs + 1) for _ in range(rng.randint(1, 3))]
+        self.max_tokens = max_prompt_tokens(config, caps.semantics.granularity)
+        self.long_tokens = max(1, self.max_tokens // caps.pool_scale)
+        self.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
+        self.contracts = tuple(sorted(caps.contracts))
+        self.next_id = 0
+        self.history: list[tuple[int, ...]] = []
+
+    def walk(self, steps: int) -> None:
+        """``steps`` ops, each a move drawn from those enabled; raises Violation (or AdapterHung) when one breaks."""
+        for _ in range(steps):
+            enabled = [m for m in self.swarm.moves if self._enabled(m)]
+            self._move(self.rng.choice(enabled))
+
+    def _requests(self, state: str) -> list[str]:
+        return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
+
+    def _enabled(self, move: str) -> bool:
+        obs = self.harness.obs
+        if move in ("decode", "append_chunk", "preempt"):
+            return any(r.state == "running" for r in obs.requests.values())
+        if move == "resume":
+            return any(r.state == "preempted" for r in obs.requests.values())
+        if move in ("finish_oldest", "release"):
+            return bool(obs.requests)
+        if move == "reset_cache":
+            return bool(obs.objects)
+        if move == "misuse_contract":
+            return bool(ready_contracts(self.contracts, obs))
+        return True
+
+    def _one(self, items: Sequence[str]) -> str:
+        return items[self.rng.randrange(len(items))]
+
+    def _tokens(self, low: int, high: int) -> tuple[int, ...]:
+        """A token run over the machine's small shared alphabet (0..3), so that prefixes collide."""
+        return tuple(self.rng.randint(0, 3) for _ in range(self.rng.randint(low, max(low, high))))
+
+    def _prompt(self) -> tuple[int, ...]:
+        """A prompt of one of the walk's shapes (a family one where the shape needs history there is none of)."""
+        rng, bs = self.rng, self.harness.config.block_size
+        shape = rng.choice(self.swarm.shapes)
+        if shape in ("fork", "repeat") and not self.history:
+            shape = "family"
+        if shape == "fork":
+            past = self.history[rng.randrange(len(self.history))]
+            return past[: rng.randint(1, len(past))] + self._tokens(0, bs)
+        if shape == "repeat":
+            return self.history[rng.randrange(len(self.history))]
+        if shape == "cold":
+            base = COLD_BASE + self.next_id * 64
+            return tuple(range(base, base + rng.randint(1, 2 * bs + 1)))
+        template = self.templates[rng.randrange(len(self.templates))]
+        if shape == "long":
+            n = rng.randint(max(1, self.long_tokens // 2), max(1, self.long_tokens))
+            return (template + self._tokens(n, n))[:n]
+        return template + self._tokens(0, bs + 1)
+
+    def _admit(self, prompt: tuple[int, ...], contract: str = "") -> None:
+        prompt = prompt[: self.max_tokens]
+        req = f"r{self.next_id}"
+        self.next_id += 1
+        self.history.append(prompt)
+        self.harness.step(Op("admit", req, prompt, contract=contract))
+
+    def _append(self, req: str, new: tuple[int, ...], contract: str = "") -> None:
+        self.harness.step(Op("append", req, new, contract=contract))
+        request = self.harness.obs.requests.get(req)
+        if request is not None:
+            self.history.append(request.tokens)
+
+    def _move(self, move: str) -> None:
+        step, obs, bs = self.harness.step, self.harness.obs, self.harness.config.block_size
+        if move == "admit":
+            self._admit(self._prompt())
+        elif move == "decode":
+            self._append(self._one(self._requests("running")), (self.rng.randint(0, 3),))
+        elif move == "append_chunk":
+            self._append(self._one(self._requests("running")), self._tokens(1, 2 * bs))
+        elif move == "finish_oldest":
+            step(Op("release", min(obs.requests, key=lambda r: int(r[1:]) if r[1:].isdigit() else -1)))
+        elif move == "release":
+            keep = self.rng.random() < 0.5 or "release_drop" in self.caps.declines
+            step(Op("release", self._one(sorted(obs.requests)), keep=keep))
+        elif move == "preempt":
+            step(Op("preempt", self._one(self._requests("running"))))
+        elif move == "resume":
+            step(Op("resume", self._one(self._requests("preempted"))))
+        elif move == "reset_cache":
+            step(Op("reset_cache"))
+        elif move == "bad_input":
+            kind = self._one(self.bad_kinds)
+            op = bad_op(kind, obs, self.caps.ops, self.next_id, self.max_tokens, self._one)
+            step(op or unknown_request(self.caps.ops, self.next_id))
+        else:
+            self._contract(self._one(ready_contracts(self.contracts, obs)))
+
+    def _contract(self, contract: str) -> None:
+        """A declared misuse contract's op, as the machine's misuse_contract rule builds it."""
+        kind, _, name = contract.partition(":")
+        if kind == "admit":
+            self._admit(self._prompt(), contract=name)
+        elif kind == "append":
+            bs = self.harness.config.block_size
+            self._append(self._one(self._requests("running")), self._tokens(1, 2 * bs), contract=name)
+        elif kind == "reset_cache":
+            self.harness.step(Op("reset_cache", contract=name))
+        else:
+            state = {"preempt": "running", "resume": "preempted"}.get(kind)
+            reqs = self._requests(state) if state else sorted(self.harness.obs.requests)
+            self.harness.step(Op(cast(OpKind, kind), self._one(reqs), contract=name))
+
+
+def walk_seed(seed: int, number: int) -> str:
+    """The seed of walk ``number`` of a run seeded with ``seed`` (``random.Random`` hashes a str seed: stable)."""
+    return f"kvspec-swarm:{seed}:{number}"
+
+
+def run_swarm(
+    factory: AdapterFactory,
+    *,
+    name: str,
+    profile: Profile,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    cases_dir: Path = Path(".kvspec/cases"),
+    step_timeout: float | None = 30.0,
+    progress: Callable[[Tally], None] | None = None,
+    extra_cases: Sequence[Case] = (),
+    refine: bool = True,
+    adapter: Adapter | None = None,
+    isolate: bool = True,
+    example_db: Path | None = None,
+    time_budget_s: float | None = None,
+    ignore: frozenset[str] = frozenset(),
+    keep_going: bool = False,
+    states: set[Hashable] | None = None,
+) -> Result:
+    """Check one adapter with ``max_examples`` (default: the profile's) swarm walks of ``profile.step_count`` ops.
+
+    The arguments mean what they mean to ``conformance.run_check``. ``seed`` None: 0 under a derandomized
+    profile (ci), a drawn one otherwise; the report names it and ``--seed`` replays the run. ``example_db``:
+    each case a failure leaves is kept there (``kept_cases``) for the Hypothesis engine to replay first.
+    ``states``: a set that collects the distinct abstract states reached (``harness.abstract_state``).
+    """
+    t0 = time.perf_counter()
+    if seed is None:
+        seed = 0 if profile.derandomize else random.SystemRandom().getrandbits(32)
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    tally = Tally(ignored=ignore, deadline=deadline, states=states)
+    quality = PolicyQuality()
+    result = Result(name, "", profile.name, seed, now(), tally, time_budget_s=time_budget_s, engine="swarm")
+    make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
+    walks = max_examples or profile.max_examples
+    done = 0
+    failing: Swarm | None = None
+    try:
+        try:
+            if adapter is None:
+                adapter = make()
+            caps = adapter.capabilities
+            result.adapter_version = caps.version
+            result.applicable = applicable_invariants(adapter, refine)
+            result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
+            result.given_cases = len(extra_cases)
+            found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
+            for case in extra_cases:
+                violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
+                if violation is not None and not keep_going:
+                    _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
+                    return result
+                if violation is not None:
+                    violation.config = case.config
+                    found.append(violation)
+            for number in range(walks):
+                if deadline is not None and time.monotonic() >= deadline:
+                    result.budget_spent = True
+                    break
+                walker: Walker | None = None
+                try:
+                    walker = Walker(adapter, caps, tally, profile, random.Random(walk_seed(seed, number)), refine)
+                    walker.walk(profile.step_count)
+                except Violation as violation:
+                    failing = failing or (walker.swarm if walker is not None else None)
+                    if not keep_going:
+                        _record_failure(
+                            result,
+                            make,
+                            violation.config or Config(),
+                            violation.ops,
+                            violation,
+                            cases_dir,
+                            name,
+                            refine,
+                        )
+                        return result
+                    if violation.invariant not in {v.invariant for v in found}:
+                        found.append(violation)
+                finally:
+                    done += 1
+                    if walker is not None:
+                        quality.merge(walker.harness.memory.quality)
+                    if progress is not None:
+                        progress(tally)
+            if found:
+                _record_failures(result, make, found, cases_dir, name, refine)
+        except AdapterHung as hung:
+            _record_hang(result, hung, cases_dir)
+    except KeyboardInterrupt:
+        result.status, result.error = "interrupted", "interrupted"
+        _keep_what_was_found(result, cases_dir)
+    except Exception as exc:  # the adapter could not be built or reset: the check could not run
+        result.status = "error"
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        result.sections = {
+            "swarm": {
+                "walks": done,
+                "steps_per_walk": profile.step_count,
+                "failing_swarm": None if failing is None else failing.to_json(),
+                "abstract_states": None if states is None else len(states),
+            }
+        }
+        _keep(result, example_db, name)
+        if quality.steps and adapter is not None:
+            result.findings.append(_quality_finding(adapter, quality))
+        if adapter is not None:
+            try:
+                adapter.close()
+            except Exception as exc:
+                result.findings.append({"kind": "close", "message": f"adapter.close() raised {exc!r}"})
+        result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def _keep(result: Result, example_db: Path | None, name: str) -> None:
+    """Keep every case the run saved in the adapter's example database, for the Hypothesis engine to replay first."""
+    database = _database(example_db, name)
+    if database is None:
+        return
+    for path in result.cases:
+        try:
+            keep_case(database, Case.load(Path(path)))
+        except (OSError, ValueError) as exc:
+            result.findings.append({"kind": "example_db", "message": f"case {path} not kept: {exc}"})
+
+
+__all__ = ["MOVES", "SHAPES", "Swarm", "Walker", "draw_config", "draw_swarm", "run_swarm", "walk_seed"]

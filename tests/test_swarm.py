@@ -1,0 +1,192 @@
+"""The swarm explorer (``kvspec check --engine swarm``, stateful_tests/swarm.py) against the seeded-bug catalogue.
+
+Every seeded bug must be found by the invariant it breaks, minimised by replay to a case
+that is 1-minimal (dropping any one op loses the failure), replays on the buggy adapter
+and holds on the correct one; a run is a function of its seed; a failure kept in the
+example database is the first example the Hypothesis engine runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+from seeded_bugs import SEEDED_BUGS, SeededBug
+from test_seeded_bugs import SEEDED_PROFILE, refines, replay
+
+from kvspec import schemas
+from kvspec.adapters import load
+from kvspec.adapters.base import Capabilities
+from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.cli import main
+from kvspec.spec import Op, Outcome, Semantics
+from kvspec.stateful_tests import Case, replay_ops, run_check
+from kvspec.stateful_tests.conformance import _database
+from kvspec.stateful_tests.kept_cases import kept_cases
+from kvspec.stateful_tests.swarm import MOVES, SHAPES, draw_swarm, run_swarm
+
+# Bugs of an eviction order whose first failing walk breaks policy_conformance with the spec's prediction still
+# right on that step (measured: the declared order and the spec's prediction judge different things there). They
+# run with keep_going, and their own invariant must be among those reported.
+ANOTHER_FIRST = {"lifecycle-plain-lru", "scheduler-stale-blind", "scheduler-evicts-largest", "scheduler-forgets-reuse"}
+
+
+def reported(result: object) -> set[str]:
+    failure = getattr(result, "failure", None)
+    more = getattr(result, "more_failures", [])
+    return ({failure.invariant} if failure is not None else set()) | {v.invariant for v, _, _ in more}
+
+
+@pytest.mark.parametrize("bug", SEEDED_BUGS, ids=[b.name for b in SEEDED_BUGS])
+def test_swarm_finds_the_seeded_bug_and_its_case_is_one_minimal(bug: SeededBug, tmp_path: Path) -> None:
+    """The bug's invariant reports it; the saved case replays on the buggy adapter, holds on the correct one, and
+    is 1-minimal: without any one of its ops the same invariant no longer breaks."""
+    refine = refines(bug)
+    keep_going = bug.name in ANOTHER_FIRST
+    result = run_swarm(
+        bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine, keep_going=keep_going
+    )
+    assert result.exit_code == 1, (result.status, result.error)
+    assert result.failure is not None and result.failure_config is not None
+    if keep_going:
+        assert bug.invariant in reported(result), reported(result)
+    else:
+        assert result.failure.invariant == (bug.named_first or bug.invariant), result.failure
+        assert bug.invariant in result.failure.failures
+    assert not [f for f in result.findings if f["kind"] == "flaky"], result.findings
+    report = result.report().to_json()
+    schemas.check(report, "report")
+    assert report["engine"] == "swarm" and report["swarm"]["failing_swarm"]["moves"]
+
+    case = Case.load(Path(result.cases[0]))
+    assert case.ops == result.failure_ops
+    again = replay(bug.factory, case, refine=refine)
+    assert again is not None and again.invariant == result.failure.invariant
+    assert again.step == len(case.ops) - 1
+    assert replay(bug.correct, case, refine=True) is None
+    fresh = bug.factory()
+    try:
+        for i in range(len(case.ops)):
+            shorter = case.ops[:i] + case.ops[i + 1 :]
+            lost = replay_ops(fresh, case.config, shorter, refine=refine) if shorter else None
+            assert lost is None or lost.invariant != result.failure.invariant, f"op {i} can be dropped"
+    finally:
+        fresh.close()
+
+
+def test_a_run_is_a_function_of_its_seed(tmp_path: Path) -> None:
+    """The same seed walks the same ops (the same counts, states and failure); another seed walks others."""
+
+    def run(seed: int) -> tuple[object, ...]:
+        states: set[object] = set()
+        result = run_swarm(
+            load("reference"), name="reference", profile=SEEDED_PROFILE, seed=seed, max_examples=30,
+            cases_dir=tmp_path, states=states,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.report().table()
+        return result.tally.steps, dict(result.tally.coverage), len(states)
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+    bug = next(b for b in SEEDED_BUGS if b.name == "forget-decrement")
+    first = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, seed=9, cases_dir=tmp_path, refine=False)
+    second = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, seed=9, cases_dir=tmp_path, refine=False)
+    assert first.failure_ops and first.failure_ops == second.failure_ops
+    assert first.failure_config == second.failure_config
+    assert first.tally.first_failure_at == second.tally.first_failure_at
+
+
+def test_each_walk_draws_a_subset_of_moves_and_shapes() -> None:
+    """Swarm testing: admit in every walk, every other move and every shape left out by some walks, used by others."""
+    caps = Capabilities(Semantics(), contracts=frozenset({"release:repeated"}))
+    swarms = [draw_swarm(random.Random(i), caps) for i in range(200)]
+    assert all("admit" in s.moves and s.shapes for s in swarms)
+    for move in MOVES[1:]:
+        assert 0 < sum(move in s.moves for s in swarms) < len(swarms), move
+    for shape in SHAPES:
+        assert 0 < sum(shape in s.shapes for s in swarms) < len(swarms), shape
+    no_contracts = Capabilities(Semantics(), ops=frozenset({"admit", "release"}))
+    assert {m for i in range(50) for m in draw_swarm(random.Random(i), no_contracts).moves} == {
+        "admit",
+        "finish_oldest",
+        "release",
+        "bad_input",
+    }
+
+
+def test_a_swarm_failure_is_the_first_example_the_hypothesis_engine_runs(tmp_path: Path) -> None:
+    """The swarm keeps its case in the example database; the Hypothesis engine replays it before anything else
+    (its first example fails, with the same invariant); once the adapter is fixed the case holds and is dropped."""
+    bug = next(b for b in SEEDED_BUGS if b.name == "forget-decrement")
+    db = tmp_path / "db"
+    found = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db)
+    assert found.failure is not None
+    database = _database(db, bug.name)
+    assert database is not None
+    (kept,) = kept_cases(database)
+    assert kept.ops == found.failure_ops and kept.config == found.failure_config
+
+    again = run_check(
+        bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db, max_examples=5
+    )
+    assert again.exit_code == 1 and again.kept_cases == 1
+    assert again.tally.first_failure_at == (1, len(kept.ops))  # the first example, on its last op
+    assert again.failure is not None and again.failure.invariant == found.failure.invariant
+    assert again.report().to_json()["kept_cases"] == 1
+
+    fixed = run_check(
+        bug.correct, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db, max_examples=5
+    )
+    assert fixed.exit_code == 0 and fixed.kept_cases == 1
+    assert kept_cases(database) == []
+
+
+def test_check_engine_swarm_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvspec check --engine swarm``: exit 1 on a seeded bug with the invariant named, its case replays; exit 0
+    on the reference; the report says which engine ran and is schema-valid."""
+    report = tmp_path / "r.json"
+    args = ["check", "--engine", "swarm", "--quiet", "--cases-dir", str(tmp_path), "--report", str(report)]
+    assert main([*args, "--adapter", "seeded_bugs:forget_decrement", "--safety-only"]) == 1
+    out = capsys.readouterr().out
+    assert "VIOLATED ref_count_matches_references" in out and "engine swarm" in out
+    data = json.loads(report.read_text())
+    schemas.check(data, "report")
+    assert data["engine"] == "swarm" and data["status"] == "violated"
+    assert main(["replay", data["cases"][0]]) == 1
+    assert main([*args, "--adapter", "reference", "--max-examples", "20"]) == 0
+    assert json.loads(report.read_text())["swarm"]["walks"] == 20
+    with pytest.raises(SystemExit) as usage:
+        main([*args, "--engine", "chess"])
+    assert usage.value.code == 2
+
+
+class WithContracts(ReferencePagedAdapter):
+    """The reference, declaring two misuse contracts that it keeps: a contract op is run as the plain op."""
+
+    capabilities = dataclasses.replace(
+        ReferencePagedAdapter.capabilities, contracts=frozenset({"release:repeated", "preempt:repeated"})
+    )
+
+
+class RepeatedReleaseFails(WithContracts):
+    """A repeated free is not idempotent: the second free of the same request is what the caller sees."""
+
+    def apply(self, op: Op) -> Outcome:
+        outcome = super().apply(op)
+        if op.op == "release" and op.contract == "repeated":
+            return super().apply(op)
+        return outcome
+
+
+def test_swarm_walks_declared_contracts_and_finds_a_broken_one(tmp_path: Path) -> None:
+    """An adapter's misuse contracts are moves of the swarm too: kept, they hold; broken, the invariant says so."""
+    kept = run_swarm(WithContracts, name="contracts", profile=SEEDED_PROFILE, cases_dir=tmp_path, max_examples=60)
+    assert kept.exit_code == 0, kept.report().table()
+    assert kept.tally.coverage["contract:release:repeated:ok"] and kept.tally.coverage["contract:preempt:repeated:ok"]
+    broken = run_swarm(RepeatedReleaseFails, name="broken", profile=SEEDED_PROFILE, cases_dir=tmp_path)
+    assert broken.exit_code == 1 and broken.failure is not None
+    assert broken.failure.invariant == "bad_input_rejected", broken.failure
+    assert broken.failure_ops[-1].contract == "repeated"
