@@ -39,12 +39,18 @@ def check_in_child(path: Path, report: Path) -> dict[str, Any]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     argv = ["trace", "check", str(path), "--format", "vllm-events", "--report", str(report)]
-    code = f"import sys; from kvspec.cli import main; sys.exit(main({argv!r}))"
+    code = (
+        "import resource, sys\nfrom kvspec.cli import main\n"
+        f"code = main({argv!r})\n"
+        "print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)"
+    )
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"exit_code": done.returncode, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": after.ru_maxrss / 1024}
+    # The child's own peak (RUSAGE_CHILDREN's ru_maxrss is the largest of every child so far).
+    peak_kb = next((int(w[1]) for w in (ln.split() for ln in done.stderr.splitlines()) if w[:1] == ["peak_rss_kb"]), 0)
+    return {"exit_code": done.returncode, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_kb / 1024}
 
 
 def measure(shape: StreamShape, where: Path) -> dict[str, Any]:
