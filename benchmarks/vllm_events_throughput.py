@@ -77,6 +77,30 @@ def measure(shape: StreamShape, where: Path) -> dict[str, Any]:
     }
 
 
+# A production event rate, derived (docs/benchmarks/vllm-events.md says how): vLLM serving Llama 3.1 8B on one
+# H100 at about 12,500 output tokens/s (a third-party benchmark round-up, morphllm.com/vllm-benchmarks, 2026),
+# block size 16. Each block filled is one stored hash and, at steady state, one BlockRemoved later; vLLM
+# publishes one BlockStored per request per step (a decode block: one hash) and one BlockRemoved per evicted
+# block. With P uncached prompt tokens per output token: events/s <= 2 * (1 + P) * 12,500 / 16.
+OUTPUT_TOKENS_PER_S = 12_500
+BLOCK_SIZE = 16
+RATES = {
+    "P = 1 (prompt as long as output)": 2 * 2 * OUTPUT_TOKENS_PER_S // BLOCK_SIZE,
+    "P = 8 (1,024 in, 128 out)": 2 * 9 * OUTPUT_TOKENS_PER_S // BLOCK_SIZE,
+}
+
+
+def instances(result: dict[str, Any]) -> list[str]:
+    """How many serving instances one core follows at each derived rate (the longest run's events/s)."""
+    speed = result["runs"][-1]["events_per_cpu_s"]
+    lines = [
+        "| production rate (derived) | events/s per instance | instances one core follows here |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {rate:,} | {speed / rate:.1f} |" for name, rate in RATES.items()]
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     rows = [
         "| blocks | events | MB | status | CPU s | wall s | events/s (CPU) | events/s (wall) | MB/s | peak RSS MB |",
@@ -101,6 +125,23 @@ def markdown(result: dict[str, Any]) -> str:
             "every stored block's hash is recomputed (sha256 over pickle, vLLM's recipe). Peak RSS is the "
             "checking process's, Python and imports included.",
             "",
+            "## How many serving instances one core can follow",
+            "",
+            "The rate is derived, not measured on a production server (the kit has no GPU server; its live vLLM "
+            "run on the tiny CPU model publishes about 67 events/s, tests/data/vllm_live_cpu.jsonl, which says "
+            "nothing about production). vLLM serving Llama 3.1 8B on one H100 produces about 12,500 output "
+            "tokens/s (a third-party benchmark round-up, morphllm.com/vllm-benchmarks); with 16-token blocks each "
+            "filled block is one stored hash and, at steady state, one BlockRemoved later; vLLM publishes one "
+            "BlockStored per request per step and one BlockRemoved per evicted block, so with P uncached prompt "
+            "tokens per output token the stream carries at most 2 (1 + P) 12,500 / 16 events/s (no prefix hits: "
+            "an upper bound).",
+            "",
+            *instances(result),
+            "",
+            "Measured on this loaded machine (see the calibration): a free core is about "
+            f"{result['calibration_ms'] / 12:.1f}x faster at plain Python, which would scale the last column "
+            "accordingly (an estimate).",
+            "",
         ]
     )
 
@@ -113,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the figures as JSON here")
     parser.add_argument("--md", type=Path, help="write a markdown table here")
     parser.add_argument("--dir", type=Path, help="where the streams are written (default: a temporary folder)")
+    parser.add_argument("--from-json", type=Path, help="re-render the markdown of an earlier run's JSON")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        text = markdown(json.loads(args.from_json.read_text()))
+        if args.md:
+            args.md.write_text(text)
+        print(text)
+        return 0
     blocks, events = (4_096, 200_000) if args.quick else (args.blocks, args.events)
     runs = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
