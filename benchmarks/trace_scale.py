@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(run), flush=True)
                 runs.append(run)
     result = {
-        "command": "python benchmarks/trace_scale.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python benchmarks/trace_scale.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
         "runs": runs,
     }

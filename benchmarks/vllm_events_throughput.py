@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(run), flush=True)
             runs.append(run)
     result = {
-        "command": "python benchmarks/vllm_events_throughput.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python benchmarks/vllm_events_throughput.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
         "calibration_ms": round(calibration_ms(), 1),
         "runs": runs,
