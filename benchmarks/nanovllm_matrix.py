@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvspec.bench import shard
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "nanovllm-matrix.md"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
@@ -146,13 +148,14 @@ def replay_table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shard", type=shard.argument, default=None, metavar="I/N", help=shard.HELP)
     parser.add_argument("--mirror", type=Path, required=True, help="a git dir of GeeeekExplorer/nano-vllm")
     parser.add_argument("--revisions", default="", help="comma-separated commits (default: every allocator change)")
     parser.add_argument("--no-write", action="store_true", help="print the table, write nothing")
     args = parser.parse_args()
     cache = Path(os.environ.get("KVSPEC_NANOVLLM_CACHE", Path.home() / ".cache" / "kvspec" / "nanovllm"))
     known = revisions(args.mirror)
-    wanted = [r for r in known if not args.revisions or r[0] in args.revisions.split(",")]
+    wanted = shard.take([r for r in known if not args.revisions or r[0] in args.revisions.split(",")], args.shard)
     rows = []
     for commit, date, subject in wanted:
         tree = export(args.mirror, commit, cache)
@@ -167,10 +170,14 @@ def main() -> int:
         "result": check(None),
         "replays": replays(None),
     }
-    rows.append(pypi)
+    if args.shard is None or args.shard[0] == 1:  # the PyPI row is the first shard's
+        rows.append(pypi)
     text = table(rows) + "\n\n" + replay_table(rows)
     print(text)
-    if not args.no_write:
+    if args.shard is not None and not args.no_write:  # the doc needs every shard's rows: this shard's JSON only
+        i, n = args.shard
+        DOC.with_suffix(f".shard-{i}-of-{n}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    elif not args.no_write:
         (DOC.with_suffix(".json")).write_text(json.dumps(rows, indent=1) + "\n")
         doc = DOC.read_text()
         head, rest = doc.split(BEGIN, 1)

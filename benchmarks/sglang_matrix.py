@@ -40,6 +40,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from kvspec.bench import shard
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "sglang-matrix.md"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
@@ -278,6 +280,7 @@ def write_doc(text: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shard", type=shard.argument, default=None, metavar="I/N", help=shard.HELP)
     parser.add_argument("--versions", default="", help="comma-separated releases (default: newest of every 0.5.x)")
     parser.add_argument("--profile", default="ci", choices=("ci", "thorough"))
     parser.add_argument("--max-examples", type=int, default=None, help="override the profile's examples per run")
@@ -294,6 +297,7 @@ def main() -> int:
     if not versions:
         print("no releases found (is the package index reachable?)", file=sys.stderr)
         return 2
+    versions = shard.take(versions, args.shard)  # with --merge, shards run one after another fill one --json
     current = probe([], args.kvspec_path).stdout.split()
     current_version = current[current.index("KVSPEC_PROBE") + 2] if "KVSPEC_PROBE" in current else ""
     rows: list[Row] = []

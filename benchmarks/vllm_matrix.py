@@ -45,6 +45,8 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from kvspec.bench import shard
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "vllm-matrix.md"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
@@ -304,6 +306,7 @@ def write_doc(text: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shard", type=shard.argument, default=None, metavar="I/N", help=shard.HELP)
     parser.add_argument("--versions", default="", help="comma-separated releases (default: every release >= 0.10.2)")
     parser.add_argument("--adapters", default=",".join(DEFAULT_ADAPTERS), help="comma-separated adapter names")
     parser.add_argument("--profile", default="thorough", choices=("ci", "thorough"))
@@ -327,6 +330,7 @@ def main() -> int:
     if not versions:
         print("no releases found (is the package index reachable?)", file=sys.stderr)
         return 2
+    versions = shard.take(versions, args.shard)  # each shard merges its rows into --json (one file per machine)
     current = probe([], args.kvspec_path).stdout.split()
     current_version = current[current.index("KVSPEC_PROBE") + 1] if "KVSPEC_PROBE" in current else ""
     adapters = [a.strip() for a in args.adapters.split(",") if a.strip()]

@@ -23,19 +23,41 @@ prefix each hash stands for (a block is identified by its whole token prefix, as
 - ``idle_usage_zero``: the usage gauge reads 0 whenever nothing is in flight;
 - ``event_sequence_contiguous``: batch sequence numbers run without gap or reordering.
 
-The engine's hash function is not the spec's business: the caller passes ``published_hash``
-(token prefix -> published hash). Without it, ``hash_chain_agrees`` is unknown.
+The engine's hash function is not the spec's business: the caller passes ``published_hash``, the
+engine's recipe as a :class:`HashChain` (a block's published hash from its parent's chain state and its
+own tokens). Without it, ``hash_chain_agrees`` judges only that one hash never stands for two prefixes.
+
+Memory follows the live index, not the stream: the ledger knows a hash's prefix as a node (its
+parent's hash and its own tokens) while the hash, or a descendant of it, has a cached copy; a hash
+whose last copy goes, with no cached descendant, is forgotten (its chain is then judged by
+recomputation alone). Two things are kept for every hash ever stored, and only where they are needed:
+the prefix each hash stood for when there is no recipe to recompute it (so ``hash_chain_agrees``
+still says one hash never stands for two prefixes), and, while the stream was joined late
+(``initial_known=False``) and no clear has been seen, the set of hashes seen stored.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 Prefix = tuple[int, ...]
-PublishedHash = Callable[[Prefix], Hashable]
+Node = tuple[Hashable | None, Prefix]  # a block as the index knows it: its parent's hash, its own tokens
+
+
+class HashChain(Protocol):
+    """An engine's block hash recipe as a chain (vLLM: adapters/vllm_live/hashing.py:BlockHasher)."""
+
+    def root(self) -> Any:
+        """The chain state of the empty prefix (the first block's parent)."""
+
+    def child(self, parent: Any, tokens: Prefix) -> tuple[Hashable, Any]:
+        """The published hash of the block of ``tokens`` after ``parent``'s state, and the block's state."""
+
+
+PublishedHash = HashChain
 
 STREAM_INVARIANTS: tuple[tuple[str, str], ...] = (
     ("cached_within_pool", "safety"),
@@ -150,13 +172,15 @@ class StreamLedger:
     """The cache index rebuilt from events; every event and request is checked as it is applied.
 
     ``usable_blocks``: the pool's capacity in blocks (None: unknown, ``cached_within_pool`` not judged).
+    Kept: ``total`` is the sum of ``copies``; a hash is in ``node`` (and ``child``) exactly while its
+    prefix is known and it or a descendant in ``node`` has a cached copy (``kids`` counts those descendants).
     """
 
     def __init__(
         self,
         block_size: int,
         usable_blocks: int | None = None,
-        published_hash: PublishedHash | None = None,
+        published_hash: HashChain | None = None,
         result: StreamResult | None = None,
         *,
         initial_known: bool = True,
@@ -169,25 +193,52 @@ class StreamLedger:
         self.published_hash = published_hash
         self.result = result or StreamResult()
         self.copies: Counter[Hashable] = Counter()
-        self.prefix_of: dict[Hashable, Prefix] = {}
-        self.hash_of: dict[Prefix, Hashable] = {}
+        self.total = 0
+        self.node: dict[Hashable, Node] = {}
+        self.child: dict[Node, Hashable] = {}
+        self.kids: Counter[Hashable] = Counter()
+        self.state: dict[Hashable, Any] = {}  # the recipe's chain state of each hash in node
+        # Without a recipe, the node each hash ever stood for (the only memory of a forgotten identity).
+        self.identity: dict[Hashable, Node] | None = {} if published_hash is None else None
+        self.ever: set[Hashable] | None = None if initial_known else set()
         self.in_flight: dict[str, InFlight] = {}
         self.last_seq: int | None = None
         self.where: dict[str, Any] = {}
 
     # -- the index ----------------------------------------------------------------
 
+    def _chain_keys(self, tokens: Sequence[int], limit: int) -> list[Hashable]:
+        """The hashes of the leading whole blocks of ``tokens`` the index knows, up to ``limit`` blocks."""
+        bs, keys = self.block_size, []
+        parent: Hashable | None = None
+        for n in range(limit):
+            key = self.child.get((parent, tuple(tokens[n * bs : (n + 1) * bs])))
+            if key is None:
+                break
+            keys.append(key)
+            parent = key
+        return keys
+
     def cached_prefix_blocks(self, tokens: Sequence[int]) -> int:
         """Leading whole blocks of ``tokens`` that have a cached copy, capped so one token is computed."""
-        bs = self.block_size
-        limit = (len(tokens) - 1) // bs if tokens else 0
+        limit = (len(tokens) - 1) // self.block_size if tokens else 0
         n = 0
-        while n < limit:
-            key = self.hash_of.get(tuple(tokens[: (n + 1) * bs]))
-            if key is None or self.copies[key] <= 0:
+        for key in self._chain_keys(tokens, limit):
+            if self.copies[key] <= 0:
                 break
             n += 1
         return n
+
+    def _prefix(self, key: Hashable | None) -> Prefix | None:
+        """The whole token prefix ``key`` stands for (() for no parent); None when a link is not known."""
+        parts: list[Prefix] = []
+        while key is not None:
+            found = self.node.get(key)
+            if found is None:
+                return None
+            key, tokens = found
+            parts.append(tokens)
+        return tuple(t for tokens in reversed(parts) for t in tokens)
 
     def _refresh_bounds(self) -> None:
         for flight in self.in_flight.values():
@@ -197,7 +248,22 @@ class StreamLedger:
             flight.least, flight.most = min(flight.least, now), max(flight.most, now)
 
     def _total(self) -> int:
-        return sum(self.copies.values())
+        return self.total
+
+    def _forget(self, key: Hashable) -> None:
+        """Drop ``key``'s node once it has no cached copy and no known descendant; then its parent's."""
+        copies, kids = self.copies, self.kids
+        while key is not None and key in self.node and copies.get(key, 0) <= 0 and kids.get(key, 0) <= 0:
+            parent, tokens = self.node.pop(key)
+            if self.child.get((parent, tokens)) == key:
+                del self.child[(parent, tokens)]
+            self.state.pop(key, None)
+            self.kids.pop(key, None)
+            self.copies.pop(key, None)
+            if parent is None:
+                return
+            self.kids[parent] -= 1
+            key = parent
 
     # -- batches and events ----------------------------------------------------------
 
@@ -216,8 +282,9 @@ class StreamLedger:
                         f"batch seq {seq} follows seq {self.last_seq} (expected {self.last_seq + 1})",
                     )
             self.last_seq = seq if self.last_seq is None else max(seq, self.last_seq)
+        seen = 0
         for event in events:
-            r.seen["events"] += 1
+            seen += 1
             kind = event.get("type")
             if kind == "BlockStored":
                 self._stored(event)
@@ -228,14 +295,17 @@ class StreamLedger:
                 self._cleared()
             else:
                 r.seen[f"unknown event {kind}"] += 1
-            self._refresh_bounds()
+            if self.in_flight:
+                self._refresh_bounds()
+        r.seen["events"] += seen
 
     def _stored(self, event: Mapping[str, Any]) -> None:
         r, bs = self.result, self.block_size
         keys = list(event.get("block_hashes", []))
-        tokens = list(event.get("token_ids", []))
+        tokens = event.get("token_ids", [])
         parent = event.get("parent_block_hash")
-        prefix: Prefix | None = () if parent is None else self.prefix_of.get(parent)
+        # The prefix is known when the parent is the root or a hash the index knows.
+        known = parent is None or parent in self.node
         if len(tokens) != len(keys) * bs:
             r.checked["hash_chain_agrees"] += 1
             r.fail(
@@ -243,64 +313,88 @@ class StreamLedger:
                 self.where,
                 f"BlockStored of {len(keys)} blocks carries {len(tokens)} tokens (block size {bs})",
             )
-            prefix = None
+            known = False
+        r.seen["stored"] += len(keys)
         for i, key in enumerate(keys):
-            r.seen["stored"] += 1
-            block: Prefix | None = None if prefix is None else prefix + tuple(tokens[i * bs : (i + 1) * bs])
+            node: Node | None = (parent, tuple(tokens[i * bs : (i + 1) * bs])) if known else None
+            # The whole prefix, only when an in-flight request may compute it.
+            block: Prefix | None = None
+            if node is not None and self.in_flight:
+                head = self._prefix(parent)
+                block = None if head is None else head + node[1]
+            if node is not None:
+                self._check_identity(key, node)
+            self._check_stored_once(key, block, node is not None)
+            self.copies[key] = self.copies.get(key, 0) + 1
+            self.total += 1
+            if node is not None and self.ever is not None:
+                self.ever.add(key)
+            if node is not None and key not in self.node:
+                self.node[key] = node
+                self.child.setdefault(node, key)
+                if parent is not None:
+                    self.kids[parent] += 1
             if block is not None:
-                self._check_identity(key, block)
-            self._check_stored_once(key, block)
-            self.copies[key] += 1
-            if block is not None:
-                self.prefix_of.setdefault(key, block)
-                self.hash_of.setdefault(block, key)
                 self._hold(key, block)
             if self.usable_blocks is not None:
                 r.checked["cached_within_pool"] += 1
-                if self._total() > self.usable_blocks:
+                if self.total > self.usable_blocks:
                     r.fail(
                         "cached_within_pool",
                         self.where,
-                        f"{self._total()} cached blocks after storing {key} exceed the pool's {self.usable_blocks}",
+                        f"{self.total} cached blocks after storing {key} exceed the pool's {self.usable_blocks}",
                     )
-            prefix = block
+            parent = key
+            known = node is not None and key in self.node
 
-    def _check_identity(self, key: Hashable, block: Prefix) -> None:
+    def _check_identity(self, key: Hashable, node: Node) -> None:
+        """One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens."""
         r = self.result
-        known = self.prefix_of.get(key)
-        if known is not None and known != block:
+        known = self.node.get(key)
+        if known is None and self.identity is not None:
+            known = self.identity.setdefault(key, node)
+        if known is not None and known != node:
             r.checked["hash_chain_agrees"] += 1
             r.fail(
                 "hash_chain_agrees",
                 self.where,
-                f"hash {key} stored for a {len(block)}-token prefix it did not stand for before",
+                f"hash {key} stored for a {len(self._prefix(node[0]) or ()) + len(node[1])}-token prefix "
+                "it did not stand for before",
             )
             return
-        if self.published_hash is None:
+        chain = self.published_hash
+        if chain is None:
             return
+        parent, tokens = node
+        base = chain.root() if parent is None else self.state.get(parent)
+        if base is None:
+            return  # the parent's chain is not known (its own hash broke the identity check)
         r.checked["hash_chain_agrees"] += 1
-        expected = self.published_hash(block)
+        expected, state = chain.child(base, tokens)
+        self.state.setdefault(key, state)
         if expected != key:
             r.fail(
                 "hash_chain_agrees",
                 self.where,
-                f"hash {key} published for the {len(block)}-token prefix ending {list(block[-4:])}; "
+                f"hash {key} published for the block of tokens ending {list(tokens[-4:])} after parent {parent}; "
                 f"its tokens and parent give {expected}",
             )
 
-    def _check_stored_once(self, key: Hashable, block: Prefix | None) -> None:
+    def _check_stored_once(self, key: Hashable, block: Prefix | None, known: bool) -> None:
         """Credit the store to a request that computes ``block``; a cached hash needs such a request."""
         r = self.result
-        cached = self.copies[key] > 0
-        if block is None:
+        cached = self.copies.get(key, 0) > 0
+        if not known:
             if not cached:
                 r.checked["stored_once"] += 1
             return  # the stored prefix is unknown: cannot tell who recomputes it
-        computing = [f for f in self.in_flight.values() if block in f.chain and f.chain[block] >= self._hits(f)]
-        # Each request computes a block once, unless it may have been preempted (and recomputed it).
-        fresh = [f for f in computing if f.stored[block] == 0] or [f for f in computing if not f.guarded]
-        if fresh:
-            fresh[0].stored[block] += 1
+        fresh: list[InFlight] = []
+        if block is not None:
+            computing = [f for f in self.in_flight.values() if block in f.chain and f.chain[block] >= self._hits(f)]
+            # Each request computes a block once, unless it may have been preempted (and recomputed it).
+            fresh = [f for f in computing if f.stored[block] == 0] or [f for f in computing if not f.guarded]
+            if fresh:
+                fresh[0].stored[block] += 1
         r.checked["stored_once"] += 1
         if cached and not fresh:
             r.fail(
@@ -327,25 +421,38 @@ class StreamLedger:
     def _removed(self, key: Hashable) -> None:
         r = self.result
         r.seen["removed"] += 1
-        if self.copies[key] <= 0 and not self.known and key not in self.prefix_of:
+        copies = self.copies.get(key, 0)
+        if copies <= 0 and self.ever is not None and key not in self.ever:
             r.seen["removed before the stream was joined"] += 1
             return
         r.checked["removed_was_cached"] += 1
-        if self.copies[key] <= 0:
+        if copies <= 0:
             r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
             return
-        self.copies[key] -= 1
-        if self.copies[key] == 0:
+        self.total -= 1
+        if copies > 1:
+            self.copies[key] = copies - 1
+        else:
             del self.copies[key]
-        self._check_holders({key})
+        if self.in_flight:
+            self._check_holders({key})
+        if copies == 1:
+            self._forget(key)
 
     def _cleared(self) -> None:
         r = self.result
         r.seen["cleared"] += 1
         self.known = True
+        self.ever = None
         gone = set(self.copies)
         self.copies.clear()
-        self._check_holders(gone)
+        self.total = 0
+        self.node.clear()
+        self.child.clear()
+        self.kids.clear()
+        self.state.clear()
+        if self.in_flight:
+            self._check_holders(gone)
 
     def _check_holders(self, gone: set[Hashable]) -> None:
         r = self.result
@@ -373,8 +480,7 @@ class StreamLedger:
         flight = InFlight(record, chain, guarded=record.preempted is False, least=now, most=now, known=self.known)
         if alone and record.cached_tokens is not None:
             # Sent alone, it is scheduled before anything else can touch the index: its hits are held from now.
-            for j in range(min(self._hits(flight), now)):
-                flight.held.add(self.hash_of[tuple(record.prompt[: (j + 1) * bs])])
+            flight.held.update(self._chain_keys(record.prompt, min(self._hits(flight), now)))
         where = {"request": record.id, "started": record.started}
         if record.exact and record.cached_tokens is not None and self.known:
             r.checked["predicted_cached_tokens"] += 1
@@ -446,60 +552,97 @@ def _known_not_preempted(record: RequestRecord, snapshots: Sequence[MetricSnapsh
     return None
 
 
-def check_stream(
-    batches: Sequence[Mapping[str, Any]],
-    requests: Sequence[RequestRecord],
-    snapshots: Sequence[MetricSnapshot] = (),
-    *,
-    block_size: int,
-    usable_blocks: int | None = None,
-    published_hash: PublishedHash | None = None,
-    resets: Sequence[float] = (),
-    gaps: Sequence[tuple[int, int]] = (),
-    initial_known: bool = True,
-) -> StreamResult:
-    """Check a recorded stream: batches in the order received; requests, gauges, resets placed by time.
+class StreamCheck:
+    """A recorded stream checked batch by batch: requests, gauges and resets placed by time between them.
 
     A request's start (finish) is applied before the first batch whose ``ts`` is not earlier than
     its ``started`` (``finished``); the batch order itself is kept as received, so a reordering
     shows as a sequence error rather than being sorted away. ``gaps``: seq ranges the subscriber
     reported lost; ``initial_known=False``: the stream was joined on a cache that may hold blocks.
+    The batches are not kept: memory is the ledger's (the live index) and the requests'.
     """
-    requests = [replace(q, preempted=_known_not_preempted(q, snapshots)) for q in requests]
-    windows = sorted((q.started, q.finished) for q in requests)
-    ledger = StreamLedger(block_size, usable_blocks, published_hash, initial_known=initial_known)
-    for first, stop in gaps:
-        ledger.lost(first, stop)
-    # Timed actions: (time, order, kind, item). At equal times a finish comes before a start.
-    actions: list[tuple[float, int, str, Any]] = []
-    for q in requests:
-        actions += [(q.finished, 0, "finish", q), (q.started, 1, "start", q)]
-    actions += [(s.ts, 2, "snapshot", s) for s in snapshots]
-    actions += [(ts, 3, "reset", None) for ts in resets]
-    actions.sort(key=lambda a: (a[0], a[1]))
 
-    def alone(q: RequestRecord) -> bool:
-        return sum(1 for s, f in windows if s < q.finished and q.started < f) == 1
+    def __init__(
+        self,
+        requests: Sequence[RequestRecord],
+        snapshots: Sequence[MetricSnapshot] = (),
+        *,
+        block_size: int,
+        usable_blocks: int | None = None,
+        published_hash: HashChain | None = None,
+        resets: Sequence[float] = (),
+        gaps: Sequence[tuple[int, int]] = (),
+        initial_known: bool = True,
+    ) -> None:
+        requests = [replace(q, preempted=_known_not_preempted(q, snapshots)) for q in requests]
+        self._windows = sorted((q.started, q.finished) for q in requests)
+        self.ledger = StreamLedger(block_size, usable_blocks, published_hash, initial_known=initial_known)
+        for first, stop in gaps:
+            self.ledger.lost(first, stop)
+        # Timed actions: (time, order, kind, item). At equal times a finish comes before a start.
+        actions: list[tuple[float, int, str, Any]] = []
+        for q in requests:
+            actions += [(q.finished, 0, "finish", q), (q.started, 1, "start", q)]
+        actions += [(s.ts, 2, "snapshot", s) for s in snapshots]
+        actions += [(ts, 3, "reset", None) for ts in resets]
+        actions.sort(key=lambda a: (a[0], a[1]))
+        self._pending = iter(actions)
+        self._upcoming = next(self._pending, None)
+        self._index = 0
 
-    pending = iter(actions)
-    upcoming = next(pending, None)
+    def _alone(self, q: RequestRecord) -> bool:
+        return sum(1 for s, f in self._windows if s < q.finished and q.started < f) == 1
 
-    def run_until(ts: float) -> None:
-        nonlocal upcoming
-        while upcoming is not None and upcoming[0] < ts:
-            _, _, kind, item = upcoming
+    def _run_until(self, ts: float) -> None:
+        ledger = self.ledger
+        while self._upcoming is not None and self._upcoming[0] < ts:
+            _, _, kind, item = self._upcoming
             if kind == "start":
-                ledger.start(item, alone(item))
+                ledger.start(item, self._alone(item))
             elif kind == "finish":
                 ledger.finish(item)
             elif kind == "reset":
                 ledger.reset()
             else:
                 ledger.snapshot(item)
-            upcoming = next(pending, None)
+            self._upcoming = next(self._pending, None)
 
-    for index, batch in enumerate(batches):
-        run_until(float(batch.get("ts", 0.0)))
-        ledger.apply_batch(index, batch.get("seq"), batch.get("events", []))
-    run_until(float("inf"))
-    return ledger.result
+    def batch(self, batch: Mapping[str, Any]) -> None:
+        """The next batch as received (its index in the stream is the count of batches before it)."""
+        if self._upcoming is not None:
+            self._run_until(float(batch.get("ts", 0.0)))
+        self.ledger.apply_batch(self._index, batch.get("seq"), batch.get("events", []))
+        self._index += 1
+
+    def close(self) -> StreamResult:
+        """Apply what comes after the last batch; the result."""
+        self._run_until(float("inf"))
+        return self.ledger.result
+
+
+def check_stream(
+    batches: Iterable[Mapping[str, Any]],
+    requests: Sequence[RequestRecord],
+    snapshots: Sequence[MetricSnapshot] = (),
+    *,
+    block_size: int,
+    usable_blocks: int | None = None,
+    published_hash: HashChain | None = None,
+    resets: Sequence[float] = (),
+    gaps: Sequence[tuple[int, int]] = (),
+    initial_known: bool = True,
+) -> StreamResult:
+    """Check a recorded stream: batches in the order received (see :class:`StreamCheck`)."""
+    check = StreamCheck(
+        requests,
+        snapshots,
+        block_size=block_size,
+        usable_blocks=usable_blocks,
+        published_hash=published_hash,
+        resets=resets,
+        gaps=gaps,
+        initial_known=initial_known,
+    )
+    for batch in batches:
+        check.batch(batch)
+    return check.close()

@@ -62,6 +62,19 @@ class BlockHasher:
             self._digests[key[:end]] = digest
         return digest
 
+    def root(self) -> bytes:
+        """The chain state of the empty prefix: vLLM's NONE_HASH (the first block's parent digest)."""
+        return self.none_hash
+
+    def child(self, parent: bytes, tokens: tuple[int, ...]) -> tuple[int, bytes]:
+        """The published hash and full digest of the block of ``tokens`` after the block of digest ``parent``.
+
+        The stream ledger keeps each live block's digest and forgets it with the block, so the
+        chain costs one hash per stored block and memory per live block (kvspec.spec.stream.HashChain).
+        """
+        digest = sha256_pickle((parent, tokens, None))
+        return external(digest), digest
+
     def published(self, prefix: Sequence[int]) -> int:
         """The 64-bit hash a BlockStored event carries for the block ending ``prefix``."""
         return external(self.digest(prefix))

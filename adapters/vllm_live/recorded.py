@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvspec.spec.stream import MetricSnapshot, RequestRecord, StreamResult, check_stream
+from kvspec.spec.stream import MetricSnapshot, RequestRecord, StreamCheck, StreamResult
 
 from .hashing import SUPPORTED_ALGOS, BlockHasher
 
@@ -97,11 +97,25 @@ def check_recorded(records: Iterable[Mapping[str, Any]]) -> StreamResult:
     ``invariants``, ``.violated`` the names that broke, ``.violations`` the first problems found.
     """
     log = split_records(records)
-    config, batches = log.config, log.batches
-    block_size = config.get("block_size")
-    if block_size is None:
-        stored = (e for b in batches for e in b.get("events", []) if e.get("type") == "BlockStored")
-        block_size = next((e.get("block_size") for e in stored), None)
+    check = stream_checker(log, first_block_size(log.batches))
+    for batch in log.batches:
+        check.batch(batch)
+    return check.close()
+
+
+def first_block_size(batches: Iterable[Mapping[str, Any]]) -> int | None:
+    """The ``block_size`` of the first BlockStored event (a log without a config record names it there)."""
+    stored = (e for b in batches for e in b.get("events", []) if e.get("type") == "BlockStored")
+    return next((e.get("block_size") for e in stored), None)
+
+
+def stream_checker(log: Log, block_size_hint: int | None = None) -> StreamCheck:
+    """The stream check of a log's records other than its batches, which are then fed one by one.
+
+    ``block_size_hint``: the first BlockStored's block size, used when the config names none.
+    """
+    config = log.config
+    block_size = config.get("block_size") or block_size_hint
     if not block_size:
         raise ValueError("the log names no block size (no config record and no BlockStored event)")
     blocks = config.get("num_gpu_blocks")
@@ -114,13 +128,12 @@ def check_recorded(records: Iterable[Mapping[str, Any]]) -> StreamResult:
     # No event stream (a server attached without --events): the index is never known, so only the
     # gauges are judged, and a reset cannot make an empty ledger look like the server's cache.
     streamed = "events" not in config or config["events"] is not None
-    return check_stream(
-        batches,
+    return StreamCheck(
         log.requests,
         log.snapshots,
         block_size=int(block_size),
         usable_blocks=usable,
-        published_hash=hasher.published if hasher else None,
+        published_hash=hasher,
         resets=log.resets if streamed else (),
         gaps=log.gaps,
         initial_known=streamed and config.get("initial_cache", "empty") == "empty",

@@ -20,6 +20,9 @@ from kvspec.traces.result import TraceResult
 
 from .common import fail, positive
 
+SNAPSHOT_EVERY = 64
+"""`trace record`'s default K: a full observation every 64 steps, deltas between (docs/traces.md)."""
+
 
 def register(subparsers: Any) -> None:
     """Add `trace check` and `trace record` to the `kvspec` subcommands."""
@@ -79,6 +82,14 @@ def register(subparsers: Any) -> None:
     record.add_argument("--block-size", type=int, default=None, help="tokens per block (default: the file's, else 4)")
     record.add_argument(
         "--no-observations", action="store_true", help="kvspec format: record ops, outcomes and events only"
+    )
+    record.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=SNAPSHOT_EVERY,
+        metavar="K",
+        help=f"kvspec format: a full observation every K steps, a delta between (default {SNAPSHOT_EVERY}); "
+        "1: a full observation every step (trace version 1, which older kits read)",
     )
     record.add_argument(
         "--step-timeout", type=float, default=30.0, help="seconds before an adapter call counts as hung"
@@ -178,7 +189,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             return fail(f"{args.ops}: cannot read the ops: {exc.strerror or exc}")
         except ValueError as exc:
             return fail(f"{args.ops}: {exc}")
-    problem = positive("--step-timeout", args.step_timeout)
+    problem = positive("--step-timeout", args.step_timeout) or positive("--snapshot-every", args.snapshot_every)
     if problem is not None:
         return fail(problem)
     try:
@@ -214,7 +225,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         if args.format == "side-table":
             write_side_table(args.out, adapter, config, recorded)
         else:
-            write_kvspec_trace(args.out, adapter, config, recorded, observations=not args.no_observations)
+            every = None if args.snapshot_every == 1 else args.snapshot_every
+            write_kvspec_trace(
+                args.out, adapter, config, recorded, observations=not args.no_observations, snapshot_every=every
+            )
     except ValueError as exc:
         return fail(f"{exc}")
     except OSError as exc:

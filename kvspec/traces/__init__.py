@@ -14,7 +14,9 @@ A format is one module of this package, listed in ``FORMATS``, with:
 report order), ``recognizes(line) -> bool`` (whether a line is one of its
 records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``
 (``judge.options``: what the command line says about the pool; ``judge.watch``, when set,
-gets a :class:`Seen` per replayed line, for a picture: kvspec/traces/seen.py).
+gets a :class:`Seen` per replayed line, for a picture: kvspec/traces/seen.py). A format may also
+have ``check_path(path, judge)``, which reads the file as a stream (memory bounded by the state it
+keeps, not the file's length); it is used whenever no picture is asked for.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import kvfabric, kvspec_format, side_table, vllm_events
-from .lines import Line, TraceFormatError, read_lines
+from .lines import Line, TraceFormatError, iter_lines, read_lines
 from .result import Judge, TraceInvariant, TraceOptions, TraceResult, TraceViolation
 from .seen import Seen, Watch
 
@@ -88,12 +90,20 @@ def check_trace(
     t0 = time.perf_counter()
     judge: Judge | None = None
     try:
-        lines = read_lines(Path(path))
         if fmt == AUTO:
-            result.fmt = _detect(lines)
+            first = next(iter_lines(Path(path)), None)
+            if first is None:
+                raise TraceFormatError(None, "the file holds no trace lines")
+            result.fmt = _detect([first])
             result.invariants = FORMATS[result.fmt].INVARIANTS
-        judge = Judge(result, lines, context, options, watch)
-        _replay(FORMATS[result.fmt], lines, judge)
+        module = FORMATS[result.fmt]
+        if watch is None and hasattr(module, "check_path"):  # a streaming reader: the log is never held whole
+            judge = Judge(result, [], context, options, watch)
+            module.check_path(Path(path), judge)
+        else:
+            lines = read_lines(Path(path))
+            judge = Judge(result, lines, context, options, watch)
+            _replay(module, lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line
     except KeyboardInterrupt:  # the verdicts so far stand; the report says they cover only what was read

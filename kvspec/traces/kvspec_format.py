@@ -12,7 +12,8 @@ suite runs them on a live adapter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
@@ -32,12 +33,16 @@ from kvspec.spec.block_key import parent_prefix
 
 from . import values
 from .codec import event_from_json, event_to_json, observation_from_json, observation_to_json
-from .lines import Line, TraceFormatError
+from .delta import Base
+from .lines import Line, TraceFormatError, iter_lines, read_lines
 from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
 from .seen import Pool, Seen
 
 TRACE_SCHEMA = 1
+DELTA_SCHEMA = 2
+"""Version 2: a step may record ``delta`` (the change from the observation before, kvspec/traces/delta.py)
+instead of ``observation``; the header says ``snapshot_every`` (K: steps 0, K, 2K, ... are full)."""
 DESCRIPTION = "kvspec's own trace"
 TRACE_ORDER = "trace_order"
 
@@ -150,11 +155,42 @@ def _outcome(line: Line) -> Outcome:
 
 def check(lines: list[Line], judge: Judge) -> None:
     """Replay a kvspec trace through the spec; stop at the first violated invariant."""
-    head = lines[0]
+    _check(lines[0], lines[1:], judge)
+
+
+def check_path(path: Path, judge: Judge) -> None:
+    """:func:`check`, reading the trace as a stream: what is kept is the observation before the step
+    (and a delta's base), never the lines already replayed. A file whose first line is not a kvspec
+    header is read whole, to say what it is as :func:`check` does."""
+    lines = iter_lines(path)
+    head = next(lines, None)
+    if head is None:
+        raise TraceFormatError(None, "the file holds no trace lines")
+    if not recognizes(head.data):
+        whole = read_lines(path)
+        judge.reset_lines(whole)
+        if not any(recognizes(line.data) for line in whole):
+            raise TraceFormatError(None, "nothing in this file is a kvspec record")
+        check(whole, judge)
+        return
+    judge.passed(head)
+    _check(head, lines, judge)
+    result = judge.result
+    if result.violation is None and not result.steps and not result.checked:
+        judge.current = None
+        raise TraceFormatError(
+            None, "nothing in this file is a kvspec record that could be checked: no step was replayed"
+        )
+
+
+def _check(head: Line, steps: Iterable[Line], judge: Judge) -> None:
+    """The replay of :func:`check` over the header and the step lines as they come."""
     judge.at(head)
     version = head.data.get("kvspec_trace")
-    if type(version) is not int or version != TRACE_SCHEMA:
+    if type(version) is not int or version not in (TRACE_SCHEMA, DELTA_SCHEMA):
         raise TraceFormatError(head.number, f"not a kvspec trace header (kvspec_trace={version!r})")
+    if version == DELTA_SCHEMA:
+        head.typed(values.integer, "snapshot_every", head.need("snapshot_every"), minimum=1)
     config = head.typed(values.config, "config", head.need("config"))
     semantics = semantics_from_json(head.need("semantics"), head.number)
     if semantics.granularity != "entry":
@@ -171,18 +207,19 @@ def check(lines: list[Line], judge: Judge) -> None:
     memory = KeyMemory()
     placeholder = Observation(config.capacity, config.capacity, {}, {})
     before = observation_from_json(head.data["observation"], head.number) if "observation" in head.data else None
+    base = Base(head.data["observation"]) if before is not None else None
     result.quality = quality = TraceQuality()
     if before is None:
         quality.orphans_unknown("the trace records no observations")
-    for step, line in enumerate(lines[1:]):
+    for step, line in enumerate(steps):
         judge.at(line)
         number = line.need_int("step")
         order = [] if number == step else [_order_problem(step, number)]
         if judge.judge(line, step, {TRACE_ORDER: order}):
-            return
+            return  # the step count stays that of the steps replayed
         op, outcome = line.typed(values.op, "op", line.need("op")), _outcome(line)
         events = tuple(event_from_json(e, line.number) for e in line.need_list("events"))
-        after = observation_from_json(line.data["observation"], line.number) if "observation" in line.data else None
+        after, base = _observed(line, base, version)
         predicted = model.step(op) if model is not None else None
         result.steps += 1
         result.coverage[f"{op.op}:{outcome.status}"] += 1
@@ -212,7 +249,22 @@ def check(lines: list[Line], judge: Judge) -> None:
             judge.watch(Seen(line.number, f"L{line.number}", _pool(after), None, events, op, outcome))
         if judge.judge(line, step, results):
             return
+        judge.passed(line)
         before = after
+
+
+def _observed(line: Line, base: Base | None, version: int) -> tuple[Observation | None, Base | None]:
+    """The observation a step records, whole or as a delta from the base; the base for the next step."""
+    if "observation" in line.data:
+        observation = observation_from_json(line.data["observation"], line.number)
+        return observation, Base(line.data["observation"])  # a full snapshot: the next delta's base
+    if "delta" not in line.data:
+        return None, None
+    if version < DELTA_SCHEMA:
+        raise TraceFormatError(line.number, f"a delta in a version {version} trace (deltas need kvspec_trace 2)")
+    if base is None:
+        raise TraceFormatError(line.number, "malformed delta: no full observation before it to apply it to")
+    return observation_from_json(base.apply(line.data["delta"], line.number), line.number), base
 
 
 def _pool(after: Observation | None) -> Callable[[], Pool]:

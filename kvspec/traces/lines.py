@@ -11,7 +11,7 @@ CRLF file is whitespace.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,9 +78,12 @@ class Line:
         return self.typed(values.integer, name, value, minimum=minimum)
 
 
-def _unreadable(value: Any) -> str | None:
+def _unreadable(value: Any, strings: bool = True) -> str | None:
     """Why the kit does not read ``value`` (nested more than MAX_DEPTH deep, or a string that is not
-    Unicode: JSON's ``\\ud800`` escape can spell a lone surrogate); None when it reads it. No recursion."""
+    Unicode: JSON's ``\\ud800`` escape can spell a lone surrogate); None when it reads it. No recursion.
+    ``strings=False``: the text held no escape, so no string need be looked at, only the nesting."""
+    if not strings:
+        return _too_deep(value)
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -99,6 +102,110 @@ def _unreadable(value: Any) -> str | None:
     return None
 
 
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def nesting(chunk: bytes) -> int | None:
+    """A bound, at C speed, on how deep the arrays and objects of one line of JSON nest (at least the
+    depth, at most twice it); None when it cannot tell.
+
+    Without a backslash in the line, every string runs from one quote to the next, so the text
+    outside strings is every other piece between quotes; of it, the brackets are kept and the
+    innermost pairs removed, ``[]`` then ``{}``, each removal counted. One removal never takes off
+    two levels, so the count is at least the depth. A line with a backslash is left to the walk.
+    """
+    if b"\\" in chunk:
+        return None
+    brackets = b"".join(chunk.split(b'"')[::2]).translate(None, _NOT_BRACKETS)
+    depth = 0
+    while brackets:
+        arrays = brackets.replace(b"[]", b"")
+        objects = arrays.replace(b"{}", b"")
+        if len(objects) == len(brackets):
+            return None  # not balanced: let the walk say what it is
+        depth += (len(arrays) < len(brackets)) + (len(objects) < len(arrays))
+        brackets = objects
+    return depth
+
+
+def _too_deep(value: Any) -> str | None:
+    """:func:`_unreadable`'s depth check alone: only containers are walked."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        inner = item.values() if type(item) is dict else item
+        if depth > MAX_DEPTH:
+            return f"not JSON the kit reads: nested more than {MAX_DEPTH} deep"
+        stack.extend((child, depth + 1) for child in inner if type(child) is dict or type(child) is list)
+    return None
+
+
+def raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Each non-blank line of ``path`` as bytes with its 1-based number, read as it is needed.
+
+    Raises TraceFormatError (line None) when the file cannot be read.
+    """
+    try:
+        with path.open("rb") as stream:
+            for number, chunk in enumerate(stream, start=1):
+                chunk = chunk.rstrip(b"\r\n") if chunk.endswith(b"\n") else chunk
+                if chunk.strip():
+                    yield number, chunk
+    except OSError as exc:
+        raise TraceFormatError(None, f"cannot read the file: {exc.strerror or exc}") from None
+
+
+def _fast_decoder() -> Callable[[bytes], Any] | None:
+    """msgspec's JSON decoder where it is installed (the ``events`` extra): several times the stdlib's speed."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    return msgspec.json.Decoder().decode
+
+
+_FAST = _fast_decoder()
+
+
+def parse_line(number: int, chunk: bytes) -> Line:
+    """One line as a :class:`Line`; TraceFormatError with its number when the kit does not read it.
+
+    msgspec decodes when it is installed; whatever it refuses is read again by kvspec.jsonio, so the
+    verdict on a line (and the message for a bad one) is the strict reader's. A line that cannot be
+    nested too deeply (fewer openers than MAX_DEPTH) and holds no ``\\u`` escape skips the walk
+    of :func:`_unreadable`: it can neither be too deep nor spell a lone surrogate.
+    """
+    try:
+        text = chunk.decode("utf-8").removesuffix("\r")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(number, f"not UTF-8: {exc.reason} at byte {exc.start}") from None
+    data: Any = None
+    if _FAST is not None:
+        try:
+            data = _FAST(chunk)
+        except Exception:  # any refusal: the strict reader says what is wrong
+            data = None
+    if not isinstance(data, dict):
+        try:
+            data = jsonio.loads(text)
+        except ValueError as exc:
+            raise TraceFormatError(number, str(exc)) from None
+    if not isinstance(data, dict):
+        raise TraceFormatError(number, f"expected a JSON object, got {type(data).__name__}")
+    escaped = b"\\u" in chunk
+    if escaped or (chunk.count(b"[") + chunk.count(b"{") > MAX_DEPTH and (nesting(chunk) or MAX_DEPTH + 1) > MAX_DEPTH):
+        problem = _unreadable(data, strings=escaped)
+        if problem is not None:
+            raise TraceFormatError(number, problem)
+    return Line(number, text, data)
+
+
+def iter_lines(path: Path) -> Iterator[Line]:
+    """Every non-blank line of ``path`` parsed as a JSON object, in order, one at a time (see read_lines)."""
+    for number, chunk in raw_lines(path):
+        yield parse_line(number, chunk)
+
+
 def read_lines(path: Path) -> list[Line]:
     """Every non-blank line of ``path`` parsed as a JSON object, in order.
 
@@ -107,28 +214,7 @@ def read_lines(path: Path) -> list[Line]:
     Unicode, or is not an object (its number).
     Unknown fields are kept; formats ignore them.
     """
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TraceFormatError(None, f"cannot read the file: {exc.strerror or exc}") from None
-    lines = []
-    for number, chunk in enumerate(raw.split(b"\n"), start=1):
-        try:
-            text = chunk.decode("utf-8").removesuffix("\r")
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(number, f"not UTF-8: {exc.reason} at byte {exc.start}") from None
-        if not text.strip():
-            continue
-        try:
-            data = jsonio.loads(text)
-        except ValueError as exc:
-            raise TraceFormatError(number, str(exc)) from None
-        if not isinstance(data, dict):
-            raise TraceFormatError(number, f"expected a JSON object, got {type(data).__name__}")
-        problem = _unreadable(data)
-        if problem is not None:
-            raise TraceFormatError(number, problem)
-        lines.append(Line(number, text, data))
+    lines = list(iter_lines(path))
     if not lines:
         raise TraceFormatError(None, "the file holds no trace lines")
     return lines

@@ -21,7 +21,8 @@ from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, Pr
 from kvspec.spec.ops import OpKind
 
 from . import values
-from .kvspec_format import header_json, step_json
+from .delta import diff
+from .kvspec_format import DELTA_SCHEMA, header_json, step_json
 
 
 @dataclass(frozen=True)
@@ -123,15 +124,42 @@ def drive(
 
 
 def write_kvspec_trace(
-    path: Path, adapter: Adapter, config: Config, recorded: Sequence[RecordedStep], *, observations: bool = True
+    path: Path,
+    adapter: Adapter,
+    config: Config,
+    recorded: Sequence[RecordedStep],
+    *,
+    observations: bool = True,
+    snapshot_every: int | None = None,
 ) -> None:
-    """Write ``recorded`` as a kvspec trace; without ``observations`` only ops, outcomes and events."""
+    """Write ``recorded`` as a kvspec trace; without ``observations`` only ops, outcomes and events.
+
+    ``snapshot_every=K``: version 2, each step's observation as a delta from the one before
+    (kvspec/traces/delta.py), a full one on every K-th step (steps 0, K, 2K, ...); None: version 1,
+    a full observation on every step.
+    """
     caps = adapter.capabilities
     initial = recorded[0].before if recorded else adapter.observe()
-    lines: list[dict[str, Any]] = [
-        header_json(adapter.name, caps.version, config, caps.semantics, initial if observations else None)
-    ]
-    lines += [step_json(s.step, s.op, s.outcome, s.events, s.after if observations else None) for s in recorded]
+    header = header_json(adapter.name, caps.version, config, caps.semantics, initial if observations else None)
+    if snapshot_every is None or not observations:
+        lines = [
+            header,
+            *(step_json(s.step, s.op, s.outcome, s.events, s.after if observations else None) for s in recorded),
+        ]
+        write_jsonl(path, lines)
+        return
+    header["kvspec_trace"] = DELTA_SCHEMA
+    header["snapshot_every"] = snapshot_every
+    lines = [header]
+    previous = header["observation"]
+    for s in recorded:
+        line = step_json(s.step, s.op, s.outcome, s.events, s.after)
+        now = line["observation"]
+        if s.step % snapshot_every:
+            line["delta"] = diff(previous, now)
+            del line["observation"]
+        lines.append(line)
+        previous = now
     write_jsonl(path, lines)
 
 

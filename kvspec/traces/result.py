@@ -9,7 +9,7 @@ every other invariant keeps the count of lines it was checked on.
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,7 +208,20 @@ class Judge:
         self._lines = lines
         self._order = [inv.name for inv in result.invariants]
         self.current: int | None = None
+        self._recent: deque[Line] = deque(maxlen=context)  # a streamed trace's last lines, for the context
         result.lines = len(lines)
+
+    def reset_lines(self, lines: Sequence[Line]) -> None:
+        """The trace turned out to be read whole after all (a streaming format fell back)."""
+        self._position = {line.number: i for i, line in enumerate(lines)}
+        self._lines = lines
+        self.result.lines = len(lines)
+
+    def passed(self, line: Line) -> None:
+        """A streamed line was replayed: it is context for what comes next, and counted."""
+        self._recent.append(line)
+        if not self._lines:
+            self.result.lines += 1
 
     def unknown(self, name: str, reason: str) -> None:
         """Say why ``name`` cannot be judged on this trace (shown while it has no checks)."""
@@ -234,8 +247,12 @@ class Judge:
         if not failures:
             return False
         first = min(failures, key=lambda n: self._order.index(n) if n in self._order else len(self._order))
-        at = self._position.get(line.number, 0)
-        before = self._lines[max(0, at - self.context) : at]
+        if self._lines:
+            at = self._position.get(line.number, 0)
+            before = list(self._lines[max(0, at - self.context) : at])
+        else:  # streamed: the lines replayed just before this one
+            before = [b for b in self._recent if b.number < line.number]
+            self.result.lines += 1
         self.result.violation = TraceViolation(
             first,
             line.number,

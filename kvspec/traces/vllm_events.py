@@ -14,14 +14,17 @@ and first violation back to lines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kvspec.spec import Event, ObjectView, Observation
 from kvspec.spec.stream import STREAM_INVARIANTS, StreamResult
 
 from . import values
-from .lines import Line, TraceFormatError
+from .lines import Line, TraceFormatError, iter_lines, parse_line, raw_lines
 from .result import Judge, TraceInvariant, TraceViolation
 from .seen import CACHED, FREE, LEAVING, Pool, Seen, Watch, short
 
@@ -56,16 +59,24 @@ def _count(name: str, value: object) -> int:
 
 
 def _integers(name: str, value: object) -> None:
+    if type(value) is list and all(type(item) is int for item in value):
+        return  # the common case, at C speed (a bool's type is bool, not int)
     for i, item in enumerate(values.array(name, value)):
         values.integer(f"{name}[{i}]", item)
+
+
+def _hashes(name: str, value: object) -> None:
+    if type(value) is list and all(type(key) is int or type(key) is str for key in value):
+        return
+    for i, key in enumerate(values.array(name, value)):
+        values.block_hash(f"{name}[{i}]", key)
 
 
 def _event(name: str, found: object) -> None:
     event = values.mapping(name, found)
     kind = values.string(f"{name}.type", event.get("type"))
     if kind in ("BlockStored", "BlockRemoved"):
-        for i, key in enumerate(values.array(f"{name}.block_hashes", event.get("block_hashes"))):
-            values.block_hash(f"{name}.block_hashes[{i}]", key)
+        _hashes(f"{name}.block_hashes", event.get("block_hashes"))
     if kind == "BlockStored":
         _integers(f"{name}.token_ids", event.get("token_ids"))
         if event.get("parent_block_hash") is not None:
@@ -137,94 +148,224 @@ def validate(line: Line) -> str | None:
     return kind
 
 
-def _line_of(where: Mapping[str, Any], lines: list[Line], kinds: list[str | None]) -> Line:
-    """The line a stream finding points at: the n-th batch, a request by id, a snapshot by time."""
-    if "batch" in where:
-        batches = [line for line, kind in zip(lines, kinds, strict=True) if kind == "batch"]
-        return batches[int(where["batch"])]
-    if "request" in where:
-        return next(
-            (
-                line
-                for line, kind in zip(lines, kinds, strict=True)
-                if kind == "request" and str(line.data["request"].get("id")) == str(where["request"])
-            ),
-            lines[-1],
-        )
-    if "metrics" in where:
-        return next(
-            (
-                line
-                for line, kind in zip(lines, kinds, strict=True)
-                if kind == "metrics" and float(line.data["metrics"]["ts"]) == float(where["metrics"])
-            ),
-            lines[-1],
-        )
-    return lines[-1]
+@dataclass
+class _Place:
+    """Where a finding points: its line, that line's 0-based position, and the lines before it."""
+
+    line: Line
+    position: int
+    context: list[Line]
+
+
+def _context_of(lines: Iterable[Line], number: int, keep: int) -> _Place | None:
+    """The line numbered ``number`` with its position and the ``keep`` lines before it (one more read)."""
+    before: deque[Line] = deque(maxlen=keep)
+    for position, line in enumerate(lines):
+        if line.number == number:
+            return _Place(line, position, list(before))
+        before.append(line)
+    return None
+
+
+class _Located:
+    """The lines a stream finding may point at, gathered while the stream is read (never the whole log)."""
+
+    def __init__(self, lines: Callable[[], Iterable[Line]], kept: list[tuple[Line, str]], keep: int) -> None:
+        self._lines, self._kept, self._keep = lines, kept, keep
+        self.batches: dict[int, _Place] = {}  # batch index -> place, for the batches that broke something
+        self.last: _Place | None = None
+
+    def place(self, where: Mapping[str, Any]) -> _Place:
+        """The n-th batch, a request by id, a snapshot by time; the last line for a gap."""
+        if "batch" in where and int(where["batch"]) in self.batches:
+            return self.batches[int(where["batch"])]
+        found: Line | None = None
+        if "request" in where:
+            found = next(
+                (
+                    line
+                    for line, kind in self._kept
+                    if kind == "request" and str(line.data["request"].get("id")) == str(where["request"])
+                ),
+                None,
+            )
+        elif "metrics" in where:
+            found = next(
+                (
+                    line
+                    for line, kind in self._kept
+                    if kind == "metrics" and float(line.data["metrics"]["ts"]) == float(where["metrics"])
+                ),
+                None,
+            )
+        place = None if found is None else _context_of(self._lines(), found.number, self._keep)
+        if place is None:
+            assert self.last is not None
+            return self.last
+        return place
+
+
+FirstRead = Iterable[tuple[str | None, Line | None]]
+"""The first read of a log: each line's kind, with the line itself where it is not a batch (and the first batch)."""
+
+
+def _top_kind() -> Callable[[bytes], str | None] | None:
+    """A msgspec decoder of a line's kind alone (its batch events left undecoded); None without msgspec."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    unset = msgspec.UNSET
+
+    fields = ("gap", "reset", "config", "request", "metrics", "seq", "events")
+    top_type = msgspec.defstruct("Top", [(name, msgspec.Raw | msgspec.UnsetType, unset) for name in fields])
+    decode = msgspec.json.Decoder(top_type).decode
+
+    def kind(chunk: bytes) -> str | None:
+        try:
+            top = decode(chunk)
+        except msgspec.DecodeError:
+            return None  # read it whole: the strict reader says what it is
+        present = [name for name in fields if getattr(top, name) is not unset]  # in kind_of's order
+        if present and present[0] not in ("seq", "events"):
+            return present[0]
+        return "batch" if present == ["seq", "events"] else None
+
+    return kind
+
+
+_TOP_KIND = _top_kind()
+
+
+def _first_read(path: Path) -> FirstRead:
+    """Each line's kind; the whole line only where the first read needs it (msgspec skips the batches' events)."""
+    first_batch = True
+    for number, chunk in raw_lines(path):
+        kind = _TOP_KIND(chunk) if _TOP_KIND is not None else None
+        if kind == "batch" and not first_batch:
+            yield kind, None
+            continue
+        line = parse_line(number, chunk)
+        kind = kind_of(line.data)
+        first_batch = first_batch and kind != "batch"
+        yield kind, line
 
 
 def check(lines: list[Line], judge: Judge) -> None:
     """Check a recorded vLLM event log with the stream ledger; the first finding is the reported violation."""
+    config = _check_stream(((kind_of(line.data), line) for line in lines), lambda: lines, judge)
+    if judge.watch is not None:  # up to and including the first violation's line, as every format
+        result = judge.result
+        upto = len(lines) if result.violation is None else lines.index(_line_by_number(lines, result.violation.line))
+        _watch(lines[: upto + 1], [kind_of(line.data) for line in lines[: upto + 1]], config, judge.watch)
+
+
+def check_path(path: Path, judge: Judge) -> None:
+    """:func:`check`, reading the log twice as a stream: memory is the live index's, not the log's.
+
+    The first read keeps the records that are not batches (config, requests, gauges, resets, gaps:
+    they are placed by time between the batches); the second feeds the batches to the ledger one by one.
+    """
+    _check_stream(_first_read(path), lambda: iter_lines(path), judge)
+    result = judge.result
+    if result.violation is None and not result.steps and not result.checked:  # as traces._replay
+        raise TraceFormatError(
+            None, f"nothing in this file is a {result.fmt} record that could be checked: no step was replayed"
+        )
+
+
+def _check_stream(first_read: FirstRead, lines: Callable[[], Iterable[Line]], judge: Judge) -> dict[str, Any]:
+    """Both reads of the log (see check_path); the log's config."""
     try:
-        from kvspec.adapters.vllm_live.recorded import check_recorded
+        from kvspec.adapters.vllm_live.recorded import first_block_size, split_records, stream_checker
     except ImportError as exc:
         raise TraceFormatError(None, f"the vLLM event checker is not available: {exc}") from exc
-    kinds = []
-    for line in lines:
+    result = judge.result
+    kept: list[tuple[Line, str]] = []
+    total = batches = 0
+    hint: int | None = None
+    for kind, line in first_read:
+        total += 1
+        if kind == "batch":
+            batches += 1
+            if hint is None and line is not None:
+                judge.at(line)
+                validate(line)
+                hint = first_block_size([line.data])
+            continue
+        assert line is not None  # the first read keeps every line that is not a batch
         judge.at(line)
-        kinds.append(validate(line))
-    judge.current = None  # the stream ledger reads the records as a whole, in time order
+        if validate(line) is not None:
+            kept.append((line, str(kind)))
+    if total == 0:
+        raise TraceFormatError(None, "the file holds no trace lines")
+    if not kept and not batches:
+        raise TraceFormatError(None, f"nothing in this file is a {result.fmt} record")
+    result.lines = total
+    judge.current = None  # the stream ledger reads the non-batch records as a whole, in time order
+    log = split_records(line.data for line, _ in kept)
     try:
-        stream = check_recorded([line.data for line in lines])
+        check = stream_checker(log, hint)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
         raise TraceFormatError(None, f"the log cannot be checked: {type(exc).__name__}: {exc}") from exc
-    result = judge.result
-    config: dict[str, Any] = next(
-        (line.data["config"] for line, kind in zip(lines, kinds, strict=True) if kind == "config"), {}
-    )
+    ledger_result = check.ledger.result
+    located = _Located(lines, kept, judge.context)
+    before: deque[Line] = deque(maxlen=judge.context)
+    index = 0
+    for position, line in enumerate(lines()):
+        if kind_of(line.data) == "batch":
+            judge.at(line)
+            validate(line)
+            found = (len(ledger_result.violations), len(ledger_result.first_violation))
+            check.batch(line.data)
+            if (len(ledger_result.violations), len(ledger_result.first_violation)) != found:
+                located.batches[index] = _Place(line, position, list(before))
+            index += 1
+        located.last = _Place(line, position, list(before))
+        before.append(line)
+    judge.current = None
+    stream = check.close()
+    config = log.config
     result.adapter = "vllm-live"
     result.adapter_version = str(config.get("vllm", ""))
-    result.steps = sum(1 for kind in kinds if kind in ("batch", "request"))
+    result.steps = batches + len(log.requests)
     result.checked.update(stream.checked)
     result.coverage.update(stream.seen)
     if "published_hash" not in config and not config.get("hashes_recomputable", True):
         judge.unknown("hash_chain_agrees", "the log says its hashes cannot be recomputed")
     if stream.violations:
-        _violations(stream, lines, kinds, judge)
-    if judge.watch is not None:  # up to and including the first violation's line, as every format
-        upto = len(lines) if result.violation is None else lines.index(_line_by_number(lines, result.violation.line))
-        _watch(lines[: upto + 1], kinds[: upto + 1], config, judge.watch)
+        _violations(stream, located, judge)
+    return config
 
 
 def _line_by_number(lines: list[Line], number: int) -> Line:
     return next(line for line in lines if line.number == number)
 
 
-def _violations(stream: StreamResult, lines: list[Line], kinds: list[str | None], judge: Judge) -> None:
+def _violations(stream: StreamResult, located: _Located, judge: Judge) -> None:
     """The stream's first finding as the trace's violation (with its line); the others' first lines."""
     result = judge.result
     first = stream.violations[0]
     where = _where(first)
-    line = _line_of(where, lines, kinds)
-    at = lines.index(line)
+    place = located.place(where)
     same = {n: v for n, v in stream.first_violation.items() if _where(v) == where}
     result.violation = TraceViolation(
         str(first["invariant"]),
-        line.number,
-        at,
-        line.data,
+        place.line.number,
+        place.position,
+        place.line.data,
         list(first["problems"]),
-        [(b.number, b.text) for b in lines[max(0, at - judge.context) : at]],
+        [(b.number, b.text) for b in place.context],
         {n: list(same[n]["problems"]) for n in stream.violated if n in same},
     )
     for name in stream.violated:
         if name not in same:
             found = stream.first_violation[name]
-            later = _line_of(_where(found), lines, kinds)
+            later = located.place(_where(found))
             result.later_violations[name] = {
-                "line": later.number,
-                "step": lines.index(later),
-                "event": later.data,
+                "line": later.line.number,
+                "step": later.position,
+                "event": later.line.data,
                 "problems": list(found["problems"])[:5],
                 "context": [],
             }

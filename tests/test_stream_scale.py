@@ -1,0 +1,160 @@
+"""The vLLM event checker at scale: the synthetic stream, the streaming read, memory that follows the live index.
+
+The stream of kvspec.bench.vllm_stream must hold every stream invariant as generated; each test
+then breaks one thing in it (a token, a store, a seq, the pool) and asserts that the streaming
+``kvspec trace check`` names the invariant and the line. Memory is measured by what the ledger
+retains (index entries), never by timing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvspec.adapters.vllm_live.hashing import BlockHasher
+from kvspec.bench.vllm_stream import Engine, StreamShape, generate
+from kvspec.spec.stream import StreamLedger
+from kvspec.traces import check_trace
+from kvspec.traces.lines import MAX_DEPTH, TraceFormatError, nesting, parse_line
+
+SHAPE = StreamShape(blocks=64, events=4_000, reset_every=1_500, preempt_every=10)
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    path = tmp_path_factory.mktemp("stream") / "events.jsonl"
+    made = generate(path, SHAPE)
+    return [json.loads(line) for line in path.read_text().splitlines()], made
+
+
+def write(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def stored_events(records: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    return [(i, e) for i, r in enumerate(records) if "events" in r for e in r["events"] if e["type"] == "BlockStored"]
+
+
+def test_the_generated_stream_holds_and_exercises_stores_evictions_preemptions_and_resets(
+    stream: tuple[list[dict[str, Any]], dict[str, Any]], tmp_path: Path
+) -> None:
+    records, made = stream
+    assert made["events"] == SHAPE.events and made["preempted"] > 0 and made["cleared"] > 0 and made["removed"] > 0
+    result = check_trace(write(tmp_path, records), "vllm-events")
+    assert result.exit_code == 0, (result.error, result.violation)
+    for name in ("cached_within_pool", "removed_was_cached", "stored_once", "hash_chain_agrees"):
+        assert result.checked[name] > 1_000, (name, result.checked)
+    assert result.coverage["events"] == SHAPE.events and result.coverage["cleared"] == made["cleared"]
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "invariant"),
+    [
+        ("token", "hash_chain_agrees"),
+        ("drop_store", "removed_was_cached"),
+        ("duplicate_store", "stored_once"),
+        ("small_pool", "cached_within_pool"),
+        ("seq_gap", "event_sequence_contiguous"),
+    ],
+)
+def test_a_broken_stream_is_caught_on_its_line(
+    stream: tuple[list[dict[str, Any]], dict[str, Any]], tmp_path: Path, corrupt: str, invariant: str
+) -> None:
+    records = json.loads(json.dumps(stream[0]))
+    at = len(records) // 2  # well after the pool is full: the index is live
+    index, event = next((i, e) for i, e in stored_events(records) if i >= at)
+    if corrupt == "token":
+        event["token_ids"][-1] += 1
+    elif corrupt == "drop_store":
+        removed = {
+            h
+            for r in records[index:]
+            for e in r.get("events", [])
+            if e["type"] == "BlockRemoved"
+            for h in e["block_hashes"]
+        }
+        index, event = next((i, e) for i, e in stored_events(records) if i >= at and set(e["block_hashes"]) & removed)
+        records[index]["events"].remove(event)
+    elif corrupt == "duplicate_store":
+        records[index]["events"].append(json.loads(json.dumps(event)))
+    elif corrupt == "small_pool":
+        records[0]["config"]["num_gpu_blocks"] = SHAPE.blocks // 2
+    else:
+        for r in records[index:]:
+            r["seq"] += 1
+    result = check_trace(write(tmp_path, records), "vllm-events")
+    assert result.exit_code == 1 and result.violation is not None, (result.error, result.checked)
+    names = {result.violation.invariant, *result.later_violations}
+    assert invariant in names, (invariant, names)
+    if corrupt in ("token", "duplicate_store", "seq_gap"):  # the line of the broken batch (1-based, config first)
+        assert result.violation.invariant == invariant and result.violation.line == index + 1
+
+
+def test_the_streaming_read_and_the_whole_file_read_agree(tmp_path: Path) -> None:
+    """The picture path reads the log whole; the plain check streams it: same verdict, same line."""
+    data = Path(__file__).parent / "data" / "vllm_live_cpu.jsonl"
+    records = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    stored = next(e for r in records[40:] for e in r.get("events", []) if e["type"] == "BlockStored")
+    stored["token_ids"][0] += 1
+    path = write(tmp_path, records)
+    streamed = check_trace(path, "vllm-events")
+    whole = check_trace(path, "vllm-events", watch=lambda seen: None)
+    assert streamed.violation is not None and whole.violation is not None
+    assert (streamed.violation.invariant, streamed.violation.line, streamed.violation.step) == (
+        whole.violation.invariant,
+        whole.violation.line,
+        whole.violation.step,
+    )
+    assert streamed.violation.context == whole.violation.context and streamed.checked == whole.checked
+
+
+def test_a_malformed_batch_deep_in_a_stream_cannot_be_checked_with_its_line(
+    stream: tuple[list[dict[str, Any]], dict[str, Any]], tmp_path: Path
+) -> None:
+    records = json.loads(json.dumps(stream[0]))
+    index, event = stored_events(records)[-3]
+    event["block_hashes"][0] = 1.5
+    result = check_trace(write(tmp_path, records), "vllm-events")
+    assert result.exit_code == 2 and result.error_line == index + 1, (result.error, result.error_line)
+    assert "block_hashes[0]" in result.error
+
+
+def test_retained_state_follows_the_live_index_not_the_stream_length() -> None:
+    """Index entries the ledger holds at their peak: the same for a stream 4x as long, and a few per block."""
+
+    def peak(events: int) -> int:
+        ledger = StreamLedger(16, 128, BlockHasher(16))
+        most = 0
+        for i, batch in enumerate(Engine(StreamShape(blocks=128, events=events, reset_every=10**9)).run()):
+            ledger.apply_batch(i, i, batch)
+            most = max(most, len(ledger.node) + len(ledger.child) + len(ledger.state) + len(ledger.copies))
+        assert ledger.result.held and ledger.result.checked["removed_was_cached"] > events // 4
+        return most
+
+    short, long = peak(5_000), peak(20_000)
+    assert long <= short * 1.25 and long <= 8 * 128, (short, long)
+
+
+def test_without_a_recipe_a_hash_reused_for_another_prefix_is_caught_after_it_was_forgotten() -> None:
+    """The one memory kept per hash ever stored: a removed hash stored again for other tokens is caught."""
+    ledger = StreamLedger(2, None, None)
+    store = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1, 2]}
+    ledger.apply_batch(0, 0, [store, {"type": "BlockRemoved", "block_hashes": [7]}])
+    assert not ledger.node and ledger.result.held  # forgotten from the index
+    ledger.apply_batch(1, 1, [{**store, "token_ids": [3, 4]}])
+    assert ledger.result.violated == ["hash_chain_agrees"]
+
+
+def test_the_fast_depth_bound_agrees_with_the_walk() -> None:
+    deep = b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
+    with pytest.raises(TraceFormatError, match="nested more than"):
+        parse_line(1, b'{"a": ' + deep + b"}")
+    brackets = b'{"a": "' + b"[" * 100 + b'", "b": [' + b"[1]," * 80 + b"[2]]}"
+    assert 3 <= (nesting(brackets) or 0) <= 6 and parse_line(1, brackets).data["a"] == "[" * 100
+    assert (nesting(deep) or 0) >= MAX_DEPTH + 1
+    assert nesting(b'{"a": "\\\\"}') is None  # a backslash: left to the walk
