@@ -20,7 +20,7 @@ object. The installed files are never written.
 
 Usage (in the vLLM venv, the kit on PYTHONPATH; docs/mutation.md):
     python benchmarks/mutation.py --sample 6 --seed 0         # a deterministic sample per file
-    python benchmarks/mutation.py --quick                      # 3 fixed mutants (CI)
+    python benchmarks/mutation.py --quick                      # 2 fixed mutants, both sides must kill (CI)
     python benchmarks/mutation.py --list                       # the mutants, no run
     python benchmarks/mutation.py --seeded-ttc --seeds 5       # time to counterexample, seeded bugs
 
