@@ -16,37 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from kvspec.bench.child import kvspec_in_child
 
 MB = 2**20
 
 
 def run_child(argv: list[str]) -> dict[str, Any]:
     """``kvspec ARGV`` in a child process: exit code, wall and CPU seconds, peak RSS of the child."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    code = (
-        "import resource, sys\nfrom kvspec.cli import main\n"
-        f"code = main({argv!r})\n"
-        "print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    # The child's own peak (RUSAGE_CHILDREN's ru_maxrss is the largest of every child so far).
-    peak_kb = next((int(w[1]) for w in (ln.split() for ln in done.stderr.splitlines()) if w[:1] == ["peak_rss_kb"]), 0)
+    run = kvspec_in_child(argv)
     return {
-        "exit_code": done.returncode,
-        "wall_s": round(wall, 2),
-        "cpu_s": round(cpu, 2),
-        "rss_mb": peak_kb / 1024,
+        "exit_code": run.exit_code,
+        "wall_s": round(run.wall_s, 2),
+        "cpu_s": round(run.cpu_s, 2),
+        "rss_mb": run.peak_rss_mb,
     }
 
 

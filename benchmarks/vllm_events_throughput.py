@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ import timeit
 from pathlib import Path
 from typing import Any
 
+from kvspec.bench.child import kvspec_in_child
 from kvspec.bench.vllm_stream import StreamShape, generate
 
 
@@ -36,21 +35,8 @@ def calibration_ms() -> float:
 
 def check_in_child(path: Path, report: Path) -> dict[str, Any]:
     """``kvspec trace check --format vllm-events`` in a child: exit code, wall and CPU seconds, peak RSS."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    argv = ["trace", "check", str(path), "--format", "vllm-events", "--report", str(report)]
-    code = (
-        "import resource, sys\nfrom kvspec.cli import main\n"
-        f"code = main({argv!r})\n"
-        "print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(code)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    # The child's own peak (RUSAGE_CHILDREN's ru_maxrss is the largest of every child so far).
-    peak_kb = next((int(w[1]) for w in (ln.split() for ln in done.stderr.splitlines()) if w[:1] == ["peak_rss_kb"]), 0)
-    return {"exit_code": done.returncode, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak_kb / 1024}
+    run = kvspec_in_child(["trace", "check", str(path), "--format", "vllm-events", "--report", str(report)])
+    return {"exit_code": run.exit_code, "wall_s": run.wall_s, "cpu_s": run.cpu_s, "peak_rss_mb": run.peak_rss_mb}
 
 
 def measure(shape: StreamShape, where: Path) -> dict[str, Any]:
