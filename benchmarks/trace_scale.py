@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvspec import jsonio
 from kvspec.bench.child import kvspec_in_child
 
 MB = 2**20
@@ -115,11 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        jsonio.write(args.json, result)
     if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(markdown(result))
+        jsonio.write_text(args.md, markdown(result))
     print(markdown(result))
     return 0 if all(r["status"] == "passed" for r in runs) else 1
 

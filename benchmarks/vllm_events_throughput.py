@@ -24,6 +24,7 @@ import timeit
 from pathlib import Path
 from typing import Any
 
+from kvspec import jsonio
 from kvspec.bench.child import kvspec_in_child
 from kvspec.bench.vllm_stream import StreamShape, generate
 
@@ -163,11 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        jsonio.write(args.json, result)
     if args.md:
-        args.md.parent.mkdir(parents=True, exist_ok=True)
-        args.md.write_text(markdown(result))
+        jsonio.write_text(args.md, markdown(result))
     print(markdown(result))
     failed = [r for r in runs if r["status"] != "passed"]
     return 1 if failed else 0
