@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
+from kvspec.spec.delta import ObservationDelta
 from kvspec.spec.ops import OP_KINDS, OpKind
 
 DECLINABLE: dict[str, str] = {
@@ -47,6 +48,9 @@ class Capabilities:
       adapter drives through the implementation's misuse path. The spec judges it as the
       plain OP, so a failure path that is not atomic, or a repeated free that counts twice,
       is reported by the invariant it breaks.
+    deltas: the adapter also implements ``observe_delta()`` (:class:`DeltaAdapter`): what a step changed,
+      so that the kit, asked to check the whole state only every K steps (``--full-check-every K``),
+      checks the changed part on the steps between (spec/delta.py).
 
     An adapter may build its capabilities per instance (in ``__init__``), from what
     it finds installed: the suite reads them from the instance it builds.
@@ -63,6 +67,7 @@ class Capabilities:
     declines: frozenset[str] = frozenset()
     checks_input: bool = True
     contracts: frozenset[str] = frozenset()
+    deltas: bool = False
 
     def __post_init__(self) -> None:
         unknown = self.declines - set(DECLINABLE)
@@ -106,3 +111,20 @@ class Adapter(Protocol):
 
     def close(self) -> None:
         """Release what the adapter holds (a process, a server)."""
+
+
+@runtime_checkable
+class DeltaAdapter(Adapter, Protocol):
+    """An adapter that can say what a step changed (``Capabilities.deltas``).
+
+    Invariant: ``observe_delta()`` applied to the observation as of the previous ``observe()`` or
+    ``observe_delta()`` call equals what ``observe()`` would return now
+    (``observe_delta().apply(previous) == observe()``, spec.delta.ObservationDelta). Every K steps
+    and at the end of a run the kit asks for both and compares them, so a delta that leaves a change out
+    is reported (adapter_contract) and the change itself judged on the whole state.
+    """
+
+    def observe_delta(self) -> ObservationDelta | None:
+        """What changed since the last ``observe()`` or ``observe_delta()``; None: cannot say (the kit
+        calls ``observe()`` instead)."""
+        ...

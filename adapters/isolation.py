@@ -98,11 +98,23 @@ def _die_with_parent() -> None:
 
 def _answer(adapter: Any, method: str, args: tuple[Any, ...]) -> Any:
     if method == "step":  # apply, then what it evicted and what it left: one round trip per step
-        outcome = adapter.apply(*args)
-        return outcome, adapter.events(), adapter.observe()
+        op, observe = args
+        outcome = adapter.apply(op)
+        return outcome, adapter.events(), _observe(adapter, observe)
     if method == "meta":
         return adapter.name, adapter.capabilities
     return getattr(adapter, method)(*args)
+
+
+def _observe(adapter: Any, observe: str) -> Any:
+    """What a step left: ``full`` the observation; ``delta`` the adapter's delta, or its observation when it
+    gives none; ``both`` (delta or None, observation), for the kit to compare them (spec/delta.py)."""
+    if observe == "full":
+        return adapter.observe()
+    delta = adapter.observe_delta()
+    if observe == "delta":
+        return adapter.observe() if delta is None else delta
+    return delta, adapter.observe()
 
 
 def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
@@ -231,10 +243,17 @@ class IsolatedAdapter:
         result: list[Event] = self._call("events")
         return result
 
-    def step(self, op: Op) -> tuple[Any, Any, Any]:
-        """apply(op), events(), observe(), in one round trip; the answers unchecked (the harness judges them)."""
-        answer: tuple[Any, Any, Any] = self._call("step", op)
+    def step(self, op: Op, observe: str = "full") -> tuple[Any, Any, Any]:
+        """apply(op), events(), observe(), in one round trip; the answers unchecked (the harness judges them).
+
+        ``observe``: ``full`` (the observation), ``delta`` (the adapter's delta, only what changed crosses
+        the pipe; its observation when it gives none) or ``both`` (delta or None, and the observation).
+        """
+        answer: tuple[Any, Any, Any] = self._call("step", op, observe)
         return answer
+
+    def observe_delta(self) -> Any:
+        return self._call("observe_delta")
 
     def close(self) -> None:
         """Close the adapter (under the timeout) and end its child; a hang or death here is reported too."""

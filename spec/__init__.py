@@ -5,6 +5,7 @@ implementation.
 """
 
 from .block_key import BlockKey, Prefix, block_keys
+from .delta import LiveObservation, ObservationDelta
 from .invariants import INVARIANT_NAMES, INVARIANTS, Invariant, KeyMemory, Transition, check_transition
 from .ledger import BlockLedger, EntryLedger, LedgerModel, RecordLedger, Step, validate
 from .observation import ObjectView, Observation, RequestView
@@ -24,8 +25,10 @@ __all__ = [
     "Invariant",
     "KeyMemory",
     "LedgerModel",
+    "LiveObservation",
     "ObjectView",
     "Observation",
+    "ObservationDelta",
     "Op",
     "OrderParams",
     "Outcome",

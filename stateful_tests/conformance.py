@@ -47,6 +47,9 @@ class Profile:
     step_count: int
     derandomize: bool
     ranges: PoolRanges = DEFAULT_RANGES
+    # The whole state is judged every this many steps, the part a step changed on the steps between, for
+    # adapters that report deltas (Capabilities.deltas); 1: the whole state every step (docs/design.md).
+    full_check_every: int = 1
 
 
 PROFILES: dict[str, Profile] = {
@@ -186,6 +189,7 @@ def replay_ops(
         harness = Harness(adapter, config, tally, refine=refine)
         for op in ops:
             harness.step(op)
+        harness.finish()
     except Violation as violation:
         return violation
     return None
@@ -209,6 +213,7 @@ def run_check(
     time_budget_s: float | None = None,
     ignore: frozenset[str] = frozenset(),
     keep_going: bool = False,
+    full_check_every: int | None = None,
 ) -> Result:
     """Check one adapter: replay ``extra_cases`` first, then the random stateful phase.
 
@@ -224,11 +229,17 @@ def run_check(
     ``keep_going``: a violation does not end the run; every distinct invariant that a failure
     broke first (in the given cases, then among the failures Hypothesis shrank, each on its own)
     is reported once, with its own shrunk, replayed case; ``result.failure`` is the first found.
+    ``full_check_every``: K (None: the profile's); adapters that report deltas are judged on the whole
+    state every K steps and at the end of each example, on the part a step changed between.
     """
     t0 = time.perf_counter()
     if example_db is not None and seed is None and profile.derandomize:
         seed = 0  # Hypothesis keeps no database for a derandomized run; a fixed seed is as repeatable
-    tally = Tally(ignored=ignore, deadline=None if time_budget_s is None else time.monotonic() + time_budget_s)
+    tally = Tally(
+        ignored=ignore,
+        deadline=None if time_budget_s is None else time.monotonic() + time_budget_s,
+        full_check_every=full_check_every or profile.full_check_every,
+    )
     quality = PolicyQuality()
     if seed is None and not profile.derandomize:
         seed = random.SystemRandom().getrandbits(32)  # drawn here, so that the report names it and --seed replays it
@@ -446,14 +457,17 @@ def _record_failure(
     fresh: Adapter = factory()
     ignored = result.tally.ignored  # known violations stay unjudged while the new one is confirmed
     try:
-        again = replay_ops(fresh, config, ops, Tally(ignored=ignored), refine=refine)
+        every = result.tally.full_check_every  # replayed and minimised under the same K as it was found
+        again = replay_ops(fresh, config, ops, Tally(ignored=ignored, full_check_every=every), refine=refine)
         if again is None or again.invariant != violation.invariant:
             seen = "nothing" if again is None else again.invariant
             result.findings.append(
                 {"kind": "flaky", "message": f"the shrunk case did not reproduce on a fresh adapter (got {seen})"}
             )
         else:
-            ops, violation = minimize_ops(fresh, config, ops, again, refine=refine, ignore=ignored)
+            ops, violation = minimize_ops(
+                fresh, config, ops, again, refine=refine, ignore=ignored, full_check_every=every
+            )
     finally:
         fresh.close()
     result.failure, result.failure_ops, result.failure_config = violation, list(ops), config
@@ -482,6 +496,7 @@ def minimize_ops(
     *,
     refine: bool = True,
     ignore: frozenset[str] = frozenset(),
+    full_check_every: int = 1,
 ) -> tuple[list[Op], Violation]:
     """Drop ops one at a time while the same invariant still breaks (1-minimal, by replay).
 
@@ -497,7 +512,8 @@ def minimize_ops(
         dropped, i = False, 0
         while i < len(best):
             candidate = best[:i] + best[i + 1 :]
-            again = replay_ops(adapter, config, candidate, Tally(ignored=ignore), refine=refine) if candidate else None
+            tally = Tally(ignored=ignore, full_check_every=full_check_every)
+            again = replay_ops(adapter, config, candidate, tally, refine=refine) if candidate else None
             if again is not None and again.invariant == violation.invariant:
                 best, best_violation, dropped = candidate[: again.step + 1], again, True
             else:

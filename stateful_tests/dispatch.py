@@ -59,6 +59,7 @@ class Options:
     given_cases: tuple[Case, ...] = ()  # replayed before anything else (saved counterexamples)
     keep_going: bool = False  # report each distinct violated invariant once, each with its own shrunk case
     engine: str = "hypothesis"  # in-process adapters: hypothesis (conformance.run_check) or swarm (swarm.run_swarm)
+    full_check_every: int | None = None  # K: the whole state every K steps for delta adapters (None: the profile's)
     live: LiveTarget = field(default_factory=LiveTarget)
 
 
@@ -123,6 +124,7 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         time_budget_s=options.time_budget_s,
         ignore=options.ignore,
         keep_going=options.keep_going,
+        full_check_every=options.full_check_every,
     ).report()
 
 

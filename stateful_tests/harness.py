@@ -22,8 +22,10 @@ from kvspec.spec import (
     Event,
     KeyMemory,
     LedgerModel,
+    LiveObservation,
     ObjectView,
     Observation,
+    ObservationDelta,
     Op,
     Outcome,
     RequestView,
@@ -32,7 +34,8 @@ from kvspec.spec import (
     check_transition,
     validate,
 )
-from kvspec.spec.invariants import ADAPTER_CONTRACT
+from kvspec.spec.delta import differences
+from kvspec.spec.invariants import ADAPTER_CONTRACT, check_state
 
 START = "starting the example (reset, events, observe)"
 """What a violation names as its op when the adapter broke before the first op."""
@@ -105,6 +108,10 @@ class Tally:
     deadline: float | None = None
     # The distinct abstract states reached (abstract_state), counted only when a set is given (a benchmark).
     states: set[Hashable] | None = None
+    # Check the whole state every this many steps of an example, and the part a step changed on the steps
+    # between, for adapters that report deltas (Capabilities.deltas, spec/delta.py); 1: the whole state every step.
+    full_check_every: int = 1
+    full_checks: int = 0  # steps and example ends judged on the whole state while taking deltas
 
 
 class Harness:
@@ -119,7 +126,15 @@ class Harness:
         self.tally.examples += 1
         self.model = LedgerModel(config, self.semantics) if self.semantics.exact and refine else None
         self.kit_validates = not adapter.capabilities.checks_input
+        self.every = max(1, self.tally.full_check_every)
+        self.broken = False  # a violation or a hang was raised: nothing more is checked
         self.obs = self._start()
+        # The whole state kept from the adapter's deltas; None: a full observation every step (today's path).
+        self.live: LiveObservation | None = None
+        if self.every > 1 and adapter.capabilities.deltas and self.semantics.granularity == "block":
+            self.live = LiveObservation(self.obs)
+            self.obs = self.live.now()
+        self.since_full = 0  # delta steps since the whole state was last judged
 
     def _start(self) -> Observation:
         """Reset the adapter, drop what it held from before, take its first observation.
@@ -131,6 +146,7 @@ class Harness:
             events = self.adapter.events()  # drop anything left from before the reset
             obs = self.adapter.observe()
         except CallTimeout:
+            self.broken = True
             self.tally.hung = (self.config, [])
             raise AdapterHung(0, None, self._timeout) from None
         except Exception as exc:
@@ -144,9 +160,11 @@ class Harness:
     def _timeout(self) -> float | None:
         return self.adapter.timeout if isinstance(self.adapter, IsolatedAdapter) else None
 
-    def _run(self, op: Op) -> tuple[object, object, object]:
-        """The adapter's answers to ``op``: its outcome, its events, its observation (unchecked: user code).
+    def _run(self, op: Op, observe: str = "full") -> tuple[object, object, object]:
+        """The adapter's answers to ``op``: its outcome, its events, what it left (unchecked: user code).
 
+        ``observe`` (IsolatedAdapter.step): ``full`` its observation; ``delta`` its delta, or its
+        observation when it gives none; ``both`` (its delta or None, its observation).
         For an adapter that leaves input checking to the kit (``checks_input=False``), bad input is
         answered here from ``spec.validate``, and the adapter is not called.
         """
@@ -154,38 +172,106 @@ class Harness:
             try:
                 validate(op, self.obs, self.config, self.semantics)
             except SpecError as exc:
-                return Outcome.invalid(str(exc)), [], self.obs
+                if observe == "delta":
+                    return Outcome.invalid(str(exc)), [], ObservationDelta(self.obs.free)
+                return Outcome.invalid(str(exc)), [], self.obs if observe == "full" else (None, self.obs)
         if isinstance(self.adapter, IsolatedAdapter):
-            return self.adapter.step(op)
-        return self.adapter.apply(op), self.adapter.events(), self.adapter.observe()
+            return self.adapter.step(op, observe)
+        outcome, events = self.adapter.apply(op), self.adapter.events()
+        if observe == "full":
+            return outcome, events, self.adapter.observe()
+        delta = self.adapter.observe_delta()  # type: ignore[attr-defined]
+        if observe == "delta":
+            return outcome, events, self.adapter.observe() if delta is None else delta
+        return outcome, events, (delta, self.adapter.observe())
 
     def step(self, op: Op) -> Outcome:
-        """Apply ``op`` and check it; raise Violation when any invariant breaks."""
+        """Apply ``op`` and check it; raise Violation when any invariant breaks.
+
+        Taking deltas (``self.live``), a step whose number is not a multiple of K is checked on the part
+        it changed (the incremental invariants); every K-th step takes the adapter's delta and its full
+        observation, reports where the state kept from the deltas differs from it, and judges every
+        invariant on the whole state. Otherwise every step is judged on the whole state.
+        """
         index = len(self.ops)
         self.ops.append(op)
         predicted = self.model.step(op) if self.model is not None else None
+        observe = "full" if self.live is None else ("both" if (index + 1) % self.every == 0 else "delta")
         try:
-            raw, events, after = self._run(op)
+            raw, events, answer = self._run(op, observe)
         except CallTimeout:
+            self.broken = True
             self.tally.hung = (self.config, list(self.ops))
             raise AdapterHung(index, op, self._timeout) from None
         except Exception as exc:
             self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} {_raised(exc)}"]})
-        wrong = malformed(raw, events, after)
-        if wrong:
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
-        assert isinstance(raw, Outcome) and isinstance(events, list) and isinstance(after, Observation)
+        delta: object = None
+        if observe == "both" and isinstance(answer, tuple) and len(answer) == 2:
+            delta, answer = answer
+        touched = None
+        contract: list[str] = []
+        if isinstance(answer, ObservationDelta) and self.live is not None:
+            wrong = malformed_delta(raw, events, answer)
+            if wrong:
+                self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
+            assert isinstance(raw, Outcome) and isinstance(events, list)
+            try:
+                change = self.live.apply(answer)
+                before, after = self.live.local(change, [e.oid for e in events], op.req)
+            except Exception as exc:  # well-typed at the top, yet it cannot be applied (an unhashable oid, say)
+                self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
+            touched = (change.objects, change.requests)
+            self.since_full += 1
+        else:
+            wrong = malformed(raw, events, answer)
+            if delta is not None and not isinstance(delta, ObservationDelta):
+                wrong.append(f"observe_delta() returned {_short(delta)}, not an ObservationDelta or None")
+            if wrong:
+                self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
+            assert isinstance(raw, Outcome) and isinstance(events, list) and isinstance(answer, Observation)
+            before, after = self.obs, answer
+            if self.live is not None:
+                if isinstance(delta, ObservationDelta):
+                    wrong = malformed_delta(raw, events, delta)
+                    if wrong:
+                        self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
+                    try:
+                        before = self.live.apply(delta).before
+                    except Exception as exc:
+                        self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
+                    kept = self.live.now()
+                    contract = [
+                        f"after {op}: the state kept from the adapter's deltas differs from its observation: {p}"
+                        for p in differences(kept, after)
+                    ]
+                self.live = LiveObservation(after)
+                self.since_full = 0
+                self.tally.full_checks += 1
         outcome = raw
         transition = Transition(
-            self.obs, op, outcome, tuple(events), after, self.config, self.semantics, self.memory, predicted
+            before, op, outcome, tuple(events), after, self.config, self.semantics, self.memory, predicted, touched
         )
         try:
             results = check_transition(transition)
         except Exception as exc:  # well-typed, yet the values cannot be judged (an unhashable oid, say)
             self._fail(index, op, {ADAPTER_CONTRACT: [f"what the adapter showed after {op} cannot be judged: {exc!r}"]})
         self.tally.steps += 1
-        self._cover(op, outcome, events, self.obs)
+        self._cover(op, outcome, events, before)
         self.tally.checked[ADAPTER_CONTRACT] += 1
+        failures = self._judged(results)
+        if contract:
+            failures[ADAPTER_CONTRACT] = contract
+        if failures:
+            self._fail(index, op, failures)
+        if self.live is not None:
+            after = self.live.now()
+        if self.tally.states is not None:
+            self.tally.states.add(abstract_state(self.config, after))
+        self.obs = after
+        return outcome
+
+    def _judged(self, results: Mapping[str, list[str] | None]) -> dict[str, list[str]]:
+        """Count each judged invariant; the problems of those broken and not ignored."""
         failures: dict[str, list[str]] = {}
         for name, problems in results.items():
             if problems is None:
@@ -193,12 +279,45 @@ class Harness:
             self.tally.checked[name] += 1
             if problems and name not in self.tally.ignored:
                 failures[name] = problems
+        return failures
+
+    def finish(self) -> None:
+        """The end of an example: when steps came as deltas since the whole state was last judged, take the
+        adapter's full observation, report where the state kept from the deltas differs from it, and judge
+        the state invariants on it. Nothing to do when every step was judged whole, or after a violation."""
+        if self.live is None or self.since_full == 0 or self.broken or not self.ops:
+            return
+        index, op = len(self.ops) - 1, self.ops[-1]
+        try:
+            full = self.adapter.observe()
+        except CallTimeout:
+            self.broken = True
+            self.tally.hung = (self.config, list(self.ops))
+            raise AdapterHung(index, op, self._timeout) from None
+        except Exception as exc:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"observe() at the end of the example {_raised(exc)}"]})
+        wrong = malformed(Outcome.ok(), [], full)
+        if wrong:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"at the end of the example: {p}" for p in wrong]})
+        assert isinstance(full, Observation)
+        contract = [
+            f"at the end of the example: the state kept from the adapter's deltas differs from its observation: {p}"
+            for p in differences(self.live.now(), full)
+        ]
+        t = Transition(full, op, Outcome.ok(), (), full, self.config, self.semantics, self.memory)
+        try:
+            results = check_state(t)
+        except Exception as exc:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"the adapter's final observation cannot be judged: {exc!r}"]})
+        self.tally.full_checks += 1
+        failures = self._judged(results)
+        if contract:
+            failures[ADAPTER_CONTRACT] = contract
+        self.live = LiveObservation(full)
+        self.obs = self.live.now()
+        self.since_full = 0
         if failures:
             self._fail(index, op, failures)
-        if self.tally.states is not None:
-            self.tally.states.add(abstract_state(self.config, after))
-        self.obs = after
-        return outcome
 
     def _cover(self, op: Op, outcome: Outcome, events: list[Event], before: Observation) -> None:
         """Count the situations reached, so a report can say what was exercised (bad input by its class)."""
@@ -216,6 +335,7 @@ class Harness:
             cov["prefix_hit"] += 1
 
     def _fail(self, index: int, op: Op | None, failures: dict[str, list[str]]) -> NoReturn:
+        self.broken = True
         violation = violation_of(first_invariant(failures))(index, op, failures, self.config, self.ops)
         if self.tally.first_failure_at is None:
             self.tally.first_failure_at = (self.tally.examples, self.tally.steps)
@@ -275,6 +395,27 @@ def malformed(outcome: object, events: object, obs: object) -> list[str]:
     index: object = obs.index  # user code: the annotation promises nothing
     if index is not None and not isinstance(index, Mapping):
         problems.append("index must be a mapping or None")
+    return problems
+
+
+def malformed_delta(outcome: object, events: object, delta: ObservationDelta) -> list[str]:
+    """How a delta step's answers break the contract's types: those of :func:`malformed`, on the delta's part."""
+    problems = malformed(outcome, events, Observation(0, 0, {}, {}))
+    if not isinstance(delta.free, int) or isinstance(delta.free, bool):
+        problems.append(f"the delta's free {delta.free!r} must be an int")
+    if not isinstance(delta.objects, Mapping) or not all(isinstance(o, ObjectView) for o in delta.objects.values()):
+        problems.append("the delta's objects must map oids to ObjectViews")
+    elif not all(
+        isinstance(n, int) and not isinstance(n, bool)
+        for o in delta.objects.values()
+        for n in (o.size, o.tokens, o.ref_count)
+    ):
+        problems.append("an ObjectView's size, tokens and ref_count must be ints")
+    if not isinstance(delta.requests, Mapping) or not all(isinstance(r, RequestView) for r in delta.requests.values()):
+        problems.append("the delta's requests must map request ids to RequestViews")
+    index: object = delta.index  # user code: the annotation promises nothing
+    if not isinstance(index, Mapping):
+        problems.append("the delta's index must be a mapping")
     return problems
 
 

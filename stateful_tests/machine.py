@@ -66,6 +66,13 @@ class KVLifecycle(RuleBasedStateMachine):
     def _step(self, op: Op) -> None:
         self.harness.step(op)
 
+    def teardown(self) -> None:
+        """The end of the example: the whole state judged when steps came as deltas (Harness.finish)."""
+        harness = getattr(self, "harness", None)
+        if harness is not None:
+            harness.finish()
+        super().teardown()
+
     def _admit(self, prompt: tuple[int, ...], contract: str = "") -> None:
         prompt = prompt[: self.max_tokens]
         req = f"r{self.next_id}"

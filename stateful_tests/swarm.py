@@ -148,6 +148,7 @@ class Walker:
         for _ in range(steps):
             enabled = [m for m in self.swarm.moves if self._enabled(m)]
             self._move(self.rng.choice(enabled))
+        self.harness.finish()
 
     def _requests(self, state: str) -> list[str]:
         return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
@@ -272,6 +273,7 @@ def run_swarm(
     ignore: frozenset[str] = frozenset(),
     keep_going: bool = False,
     states: set[Hashable] | None = None,
+    full_check_every: int | None = None,
 ) -> Result:
     """Check one adapter with ``max_examples`` (default: the profile's) swarm walks of ``profile.step_count`` ops.
 
@@ -284,7 +286,8 @@ def run_swarm(
     if seed is None:
         seed = 0 if profile.derandomize else random.SystemRandom().getrandbits(32)
     deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
-    tally = Tally(ignored=ignore, deadline=deadline, states=states)
+    every = full_check_every or profile.full_check_every
+    tally = Tally(ignored=ignore, deadline=deadline, states=states, full_check_every=every)
     quality = PolicyQuality()
     result = Result(name, "", profile.name, seed, now(), tally, time_budget_s=time_budget_s, engine="swarm")
     make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory

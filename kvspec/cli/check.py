@@ -64,6 +64,14 @@ def register(sub: Any) -> None:
         help="example database folder: failures found are kept there and replayed first by the next run "
         "(a swarm run's cases included)",
     )
+    check.add_argument(
+        "--full-check-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="for adapters that report what a step changed: judge the whole state every K steps and at the end of "
+        "each example, the changed part on the steps between (default: the profile's, 1: the whole state every step)",
+    )
     live = check.add_argument_group("live adapters (vllm-live)")
     live.add_argument("--url", default=None, help="check this running server instead of starting the tiny one")
     live.add_argument("--events", default=None, help="its KV event PUB endpoint (e.g. ipc:///path or tcp://host:port)")
@@ -96,6 +104,7 @@ def _options(args: argparse.Namespace) -> Options:
         keep_going=args.keep_going,
         engine=args.engine,
         example_db=args.example_db,
+        full_check_every=args.full_check_every,
         live=live,
     )
 
@@ -103,6 +112,8 @@ def _options(args: argparse.Namespace) -> Options:
 def _bad_options(args: argparse.Namespace) -> str | None:
     if args.max_examples is not None and args.max_examples < 1:
         return f"--max-examples must be at least 1, not {args.max_examples}"
+    if args.full_check_every is not None and args.full_check_every < 1:
+        return f"--full-check-every must be at least 1, not {args.full_check_every}"
     problem = positive("--step-timeout", args.step_timeout) or unwritable(args.report, args.junit, args.html)
     if problem is None and args.html is not None:
         from kvspec.show import matplotlib_missing

@@ -74,8 +74,8 @@ class _Recording(IsolatedAdapter):
 
     frames: list[Frame]
 
-    def step(self, op: Op) -> tuple[Any, Any, Any]:
-        outcome, events, obs = super().step(op)
+    def step(self, op: Op, observe: str = "full") -> tuple[Any, Any, Any]:
+        outcome, events, obs = super().step(op, observe)
         if isinstance(outcome, Outcome) and isinstance(events, list) and isinstance(obs, Observation):
             self.frames.append(Frame(op, outcome, tuple(e for e in events if isinstance(e, Event)), obs))
         return outcome, events, obs

@@ -16,7 +16,7 @@ from .policy import POLICY
 from .quality import PolicyQuality, eviction_choices, orphaned_blocks
 from .radix import RADIX_POLICY, RADIX_SAFETY
 from .refinement import REFINEMENT
-from .safety import SAFETY
+from .safety import SAFETY, STATE
 from .transition import Invariant, Kind, Problems, Transition
 
 INVARIANTS: tuple[Invariant, ...] = (*HYBRID_SAFETY, *RADIX_SAFETY, *SAFETY, *REFINEMENT, *POLICY, *RADIX_POLICY)
@@ -48,11 +48,22 @@ INVARIANT_NAMES: tuple[str, ...] = (*(i.name for i in INVARIANTS), ADAPTER_CONTR
 def check_transition(t: Transition) -> dict[str, Problems]:
     """Run every invariant on one transition: name -> None (not applicable) or problems.
 
+    On a delta step's local part (``t.touched`` set) only the incremental invariants run; the others are
+    None there (not judged on this step) and judge the whole state every K steps and at the end of a run.
     Afterwards ``t.memory`` learns what the next transition's policy checks need.
     """
-    results = {inv.name: inv.check(t) if inv.applies(t.semantics) else None for inv in INVARIANTS}
+    local = t.touched is not None
+    results = {
+        inv.name: inv.check(t) if inv.applies(t.semantics) and (inv.incremental or not local) else None
+        for inv in INVARIANTS
+    }
     t.memory.track(t)
     return results
+
+
+def check_state(t: Transition) -> dict[str, Problems]:
+    """Run the state invariants (``STATE``: they read ``t.after`` only) on a whole state; the others are None."""
+    return {inv.name: inv.check(t) if inv.name in STATE and inv.applies(t.semantics) else None for inv in INVARIANTS}
 
 
 __all__ = [
@@ -65,9 +76,11 @@ __all__ = [
     "Kind",
     "PolicyQuality",
     "RADIX_INVARIANTS",
+    "STATE",
     "Problems",
     "Transition",
     "VIEW_INVARIANTS",
+    "check_state",
     "check_transition",
     "eviction_choices",
     "orphaned_blocks",

@@ -69,20 +69,27 @@ class KeyMemory:
 
         Keeps: ``free_order`` holds exactly the cached blocks with ref_count 0 whose
         release was seen, numbered in the order they were released (a request's
-        tail block first); ``share_peak`` holds every object of ``t.after``.
+        tail block first); ``share_peak`` holds every object of ``t.after``. On a delta step's
+        local part (``t.touched``) the same, learned from the touched objects and requests only
+        (the others did not change); policy quality, a measurement over the whole state, is
+        counted on whole-state steps only.
         """
         if t.semantics.granularity != "block":
             return
-        for req in set(self.chains) - set(t.after.requests):
-            del self.chains[req]
-        self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before the step
+        touched = t.touched
+        gone_reqs = set(self.chains) - set(t.after.requests) if touched is None else touched[1] - set(t.after.requests)
+        for req in gone_reqs:
+            self.chains.pop(req, None)
+        if touched is None:
+            self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before
         before, after = t.before, t.after
         left = {e.oid for e in t.events}
         for oid, obj in after.objects.items():
             fresh = oid in left or oid not in before.objects
             self.share_peak[oid] = obj.ref_count if fresh else max(self.share_peak.get(oid, 0), obj.ref_count)
-        for oid in set(self.share_peak) - set(after.objects):
-            del self.share_peak[oid]
+        scope = set(self.share_peak) if touched is None else touched[0] | left
+        for oid in scope - set(after.objects):
+            self.share_peak.pop(oid, None)
         for oid in left:
             self.free_order.pop(oid, None)
         was = before.requests.get(t.op.req or "")
@@ -92,7 +99,7 @@ class KeyMemory:
                 if freed is not None and freed.ref_count == 0 and freed.key is not None and oid not in self.free_order:
                     self.free_seq += 1
                     self.free_order[oid] = self.free_seq
-        for oid in list(self.free_order):
+        for oid in list(self.free_order) if touched is None else [o for o in touched[0] if o in self.free_order]:
             queued = after.objects.get(oid)
             if queued is None or queued.key is None or queued.ref_count:
                 del self.free_order[oid]
@@ -107,5 +114,6 @@ class KeyMemory:
                 self.keyed.pop(oid, None)
             elif seen is None or seen[0] != obj.key or oid in left:
                 self.keyed[oid] = (obj.key, self.keyed_seq)
-        for oid in set(self.keyed) - set(t.after.objects):
-            del self.keyed[oid]
+        scope = set(self.keyed) if t.touched is None else t.touched[0] | left
+        for oid in scope - set(t.after.objects):
+            self.keyed.pop(oid, None)

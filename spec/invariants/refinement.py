@@ -95,10 +95,12 @@ def _short(contents: object) -> str:
     return text if len(text) < 160 else text[:157] + "..."
 
 
+# incremental=True: they compare the spec's prediction with the step's outcome, events and free capacity and
+# look objects up; none iterates the state. index_completeness counts every held key: a whole-state check.
 REFINEMENT: tuple[Invariant, ...] = (
     Invariant("index_completeness", "refinement", index_completeness, frozenset({"block"}), ONE_TABLE),
-    Invariant("predicted_admission", "refinement", predicted_admission, layouts=ONE_TABLE),
-    Invariant("predicted_eviction", "refinement", predicted_eviction, layouts=ONE_TABLE),
-    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits, layouts=ONE_TABLE),
-    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity, layouts=ONE_TABLE),
+    Invariant("predicted_admission", "refinement", predicted_admission, layouts=ONE_TABLE, incremental=True),
+    Invariant("predicted_eviction", "refinement", predicted_eviction, layouts=ONE_TABLE, incremental=True),
+    Invariant("predicted_prefix_hits", "refinement", predicted_prefix_hits, layouts=ONE_TABLE, incremental=True),
+    Invariant("predicted_free_capacity", "refinement", predicted_free_capacity, layouts=ONE_TABLE, incremental=True),
 )

@@ -257,17 +257,29 @@ def bad_input_rejected(t: Transition) -> Problems:
     return []
 
 
+# incremental=True: judged on a delta step's local part too (Transition.touched; deltas are taken at block
+# granularity only). Each iterates objects, requests or index entries and judges each from lookups; on a
+# truthful delta an object, request or entry outside the part is unchanged since the step that last judged
+# it, and an object's readers are all in the part (LiveObservation.local), so the part's problems are the
+# whole state's. capacity_conservation sums every object: a whole-state check, every K steps and at the end.
 # Within the kind, the order decides which broken invariant a report names first: the most
 # specific cause comes before the generic symptoms it also produces.
 SAFETY: tuple[Invariant, ...] = (
-    Invariant("bad_input_rejected", "safety", bad_input_rejected),
-    Invariant("atomic_failure", "safety", atomic_failure),
-    Invariant("no_active_eviction", "safety", no_active_eviction),
-    Invariant("hit_keeps_key", "safety", hit_keeps_key, frozenset({"block"}), ONE_TABLE),
-    Invariant("share_without_duplication", "safety", share_without_duplication, layouts=ONE_TABLE),
-    Invariant("tail_rounding", "safety", tail_rounding, layouts=ONE_TABLE),
-    Invariant("cache_index_consistency", "safety", cache_index_consistency, layouts=ONE_TABLE),
-    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts),
-    Invariant("ref_count_matches_references", "safety", ref_count_matches_references),
+    Invariant("bad_input_rejected", "safety", bad_input_rejected, incremental=True),
+    Invariant("atomic_failure", "safety", atomic_failure, incremental=True),
+    Invariant("no_active_eviction", "safety", no_active_eviction, incremental=True),
+    Invariant("hit_keeps_key", "safety", hit_keeps_key, frozenset({"block"}), ONE_TABLE, incremental=True),
+    Invariant("share_without_duplication", "safety", share_without_duplication, layouts=ONE_TABLE, incremental=True),
+    Invariant("tail_rounding", "safety", tail_rounding, layouts=ONE_TABLE, incremental=True),
+    Invariant("cache_index_consistency", "safety", cache_index_consistency, layouts=ONE_TABLE, incremental=True),
+    Invariant("non_negative_ref_counts", "safety", non_negative_ref_counts, incremental=True),
+    Invariant("ref_count_matches_references", "safety", ref_count_matches_references, incremental=True),
     Invariant("capacity_conservation", "safety", capacity_conservation),
 )
+
+STATE: frozenset[str] = frozenset(
+    {"capacity_conservation", "non_negative_ref_counts", "ref_count_matches_references", "tail_rounding",
+     "cache_index_consistency"}
+)  # fmt: skip
+"""The state invariants: they read the state after a step only, so they judge a whole state on its own (the
+full check at the end of a run that took deltas, spec.delta)."""

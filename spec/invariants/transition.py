@@ -41,6 +41,10 @@ class Transition:
     semantics: Semantics
     memory: KeyMemory
     predicted: Step | None = None  # the spec's step, where the adapter declares exact semantics
+    # None: before and after are the whole state. Otherwise the step came as a delta (spec.delta) and this is
+    # (oids, request ids) it touched: before and after iterate only the part the step can have changed
+    # (LiveObservation.local), lookups answer from the whole state, and only incremental invariants run.
+    touched: tuple[frozenset[Hashable], frozenset[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ class Invariant:
     granularities: frozenset[str] = frozenset({"block", "record", "entry"})  # where it can be judged at all
     layouts: frozenset[str] = frozenset({"one_table", "per_group"})  # Semantics.layout it can judge
     evictions: frozenset[str] | None = None  # the Semantics.eviction orders it can judge; None: any
+    # Judged on a delta step's local part (Transition.touched) as well: the check iterates only objects,
+    # requests and index entries the step can have changed, and each of them is judged from lookups that
+    # answer from the whole state, so on a truthful delta it finds exactly what it finds on the whole state.
+    # False: a whole-state check, run every K steps and at the end of a run (docs/design.md).
+    incremental: bool = False
 
     def applies(self, semantics: Semantics) -> bool:
         """Whether this invariant can be judged at all for an implementation declaring ``semantics``."""
