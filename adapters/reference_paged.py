@@ -13,7 +13,7 @@ from kvspec.adapters.base import Capabilities
 from kvspec.reference.paged import NoFreeBlocks, PagedPrefixCache
 from kvspec.reference.paged_newest import NewestOwnsIndex
 from kvspec.reference.policies import POLICIES, EvictionPolicy, FamilyProtectPolicy, ScorePolicy
-from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+from kvspec.spec import Config, Event, ObjectView, Observation, ObservationDelta, Op, Outcome, RequestView, Semantics
 
 PoolFactory = Callable[[Config], PagedPrefixCache]
 
@@ -43,12 +43,18 @@ def policy_pool(semantics: Semantics) -> PoolFactory:
 
 
 class ReferencePagedAdapter:
-    """Drives PagedPrefixCache. Preempted requests wait here, as in an engine's queue."""
+    """Drives PagedPrefixCache. Preempted requests wait here, as in an engine's queue.
+
+    It reports deltas (``observe_delta``): an op can change only the blocks of its request's table
+    before and after it and the blocks it evicted, and only its request; ``reset_cache`` can change
+    any block, so after it the adapter gives no delta and the kit observes the whole pool.
+    """
 
     name = "reference"
     capabilities = Capabilities(
         semantics=Semantics(granularity="block", eviction="lru", hit_cap=True, reset_requires_idle=True, exact=True),
         version="0.1.0",
+        deltas=True,
     )
 
     def __init__(self, pool_factory: PoolFactory | None = None) -> None:
@@ -56,22 +62,99 @@ class ReferencePagedAdapter:
         self.pool = self._pool_factory(Config())
         self._waiting: dict[str, tuple[tuple[int, ...], int]] = {}
         self._prompt_len: dict[str, int] = {}
+        self._since_observed()
+
+    def _since_observed(self) -> None:
+        """Forget what changed: the last observation (or reset) is where the next delta starts."""
+        self._dirty: dict[int, bytes | None] = {}  # block id -> its hash at the last observation
+        self._dirty_reqs: set[str] = set()
+        self._whole = True  # a delta cannot say what changed (a reset, nothing observed yet)
+        self._held: set[int] = set()  # the blocks the last observation showed as objects
 
     def reset(self, config: Config) -> None:
         self.pool = self._pool_factory(config)
         self._waiting.clear()
         self._prompt_len.clear()
+        self._since_observed()
 
     def close(self) -> None:
         pass
 
     def apply(self, op: Op) -> Outcome:
+        pool, req = self.pool, op.req or ""
+        for block in pool.req_blocks.get(req, ()):
+            self._dirty.setdefault(block.block_id, block.block_hash)
+        seen = len(pool.evictions)
         try:
             return self._apply(op)
         except NoFreeBlocks as exc:
             return Outcome.refused(str(exc))
         except ValueError as exc:
             return Outcome.invalid(str(exc))
+        finally:
+            if req:
+                self._dirty_reqs.add(req)
+            if op.op == "reset_cache":
+                self._whole = True
+            for _, block_id, block_hash in pool.evictions[seen:]:
+                self._dirty.setdefault(block_id, block_hash)
+            for block in self.pool.req_blocks.get(req, ()):
+                self._dirty.setdefault(block.block_id, None)
+
+    def observe_delta(self) -> ObservationDelta | None:
+        """The blocks and requests ``apply`` touched since the last observation, as they are now."""
+        if self._whole:
+            return None
+        pool, bs = self.pool, self.pool.block_size
+        tokens_in: dict[int, int] = {}
+        requests: dict[str, RequestView] = {}
+        dropped_requests = set()
+        for req in self._dirty_reqs:
+            view = self._request_view(req, tokens_in)
+            if view is None:
+                dropped_requests.add(req)
+            else:
+                requests[req] = view
+        objects: dict[int, ObjectView] = {}
+        dropped: set[int] = set()
+        keys: set[bytes] = set()
+        for block_id, old_hash in self._dirty.items():
+            b = pool.blocks[block_id]
+            if old_hash is not None:
+                keys.add(old_hash)
+            if b.ref_cnt or b.block_hash is not None:
+                if b.block_hash is not None:
+                    keys.add(b.block_hash)
+                objects[block_id] = ObjectView(
+                    block_id, 1, tokens_in.get(block_id, bs), b.ref_cnt, b.block_hash, b.hit_count, b.last_used
+                )
+                self._held.add(block_id)
+            elif block_id in self._held:
+                dropped.add(block_id)
+                self._held.discard(block_id)
+        index = {h: (pool.cached[h].block_id,) for h in keys if h in pool.cached}
+        free = pool.num_blocks - len(self._held)
+        delta = ObservationDelta(
+            free, objects, frozenset(dropped), requests, frozenset(dropped_requests), index,
+            frozenset(keys - set(index)),
+        )  # fmt: skip
+        self._dirty, self._dirty_reqs = {}, set()
+        return delta
+
+    def _request_view(self, req: str, tokens_in: dict[int, int]) -> RequestView | None:
+        """Request ``req`` as observed (None: not live); ``tokens_in`` gets the tokens of each of its blocks."""
+        pool, bs = self.pool, self.pool.block_size
+        blocks = pool.req_blocks.get(req)
+        if blocks is not None:
+            tokens = tuple(pool.req_tokens[req])
+            for i, block in enumerate(blocks):
+                tokens_in[block.block_id] = min(bs, len(tokens) - i * bs)
+            prompt_len = self._prompt_len.get(req, len(tokens))
+            return RequestView(req, tokens, prompt_len, tuple(b.block_id for b in blocks))
+        if req in self._waiting:
+            tokens, prompt_len = self._waiting[req]
+            return RequestView(req, tokens, prompt_len, (), "preempted")
+        return None
 
     def _apply(self, op: Op) -> Outcome:
         pool, req = self.pool, op.req or ""
@@ -134,6 +217,8 @@ class ReferencePagedAdapter:
         # The pool's own accounting: queued blocks that hold no cached prefix.
         free = sum(1 for b in pool.free_queue.values() if b.block_hash is None)
         index = {h: (b.block_id,) for h, b in pool.cached.items()}
+        self._since_observed()
+        self._whole, self._held = False, set(objects)
         return Observation(pool.num_blocks, free, objects, requests, index)
 
     def events(self) -> list[Event]:
@@ -146,14 +231,14 @@ class ReferenceScoreAdapter(ReferencePagedAdapter):
     """The paged pool evicting by the scheduler simulator's retention score."""
 
     name = "reference-score"
-    capabilities = Capabilities(semantics=Semantics(eviction="score"), version="0.1.0")
+    capabilities = Capabilities(semantics=Semantics(eviction="score"), version="0.1.0", deltas=True)
 
 
 class ReferenceSharedAwareAdapter(ReferencePagedAdapter):
     """The paged pool evicting by shared_aware's retain score (hits, share degree, branch factor, depth)."""
 
     name = "reference-shared-aware"
-    capabilities = Capabilities(semantics=Semantics(eviction="shared_aware"), version="0.1.0")
+    capabilities = Capabilities(semantics=Semantics(eviction="shared_aware"), version="0.1.0", deltas=True)
 
 
 ANCHOR_BLOCKS = 1
@@ -168,6 +253,7 @@ class ReferenceFamilyProtectAdapter(ReferencePagedAdapter):
     capabilities = Capabilities(
         semantics=Semantics(eviction="family_protect", protect_min_hits=1, admission_anchor_blocks=ANCHOR_BLOCKS),
         version="0.1.0",
+        deltas=True,
     )
 
 
@@ -175,7 +261,7 @@ class ReferenceNewestAdapter(ReferencePagedAdapter):
     """The paged pool where a duplicate hash moves the index entry to the newest block (duplicate_keys=newest)."""
 
     name = "reference-newest"
-    capabilities = Capabilities(semantics=Semantics(duplicate_keys="newest"), version="0.1.0")
+    capabilities = Capabilities(semantics=Semantics(duplicate_keys="newest"), version="0.1.0", deltas=True)
 
     def __init__(self, pool_factory: PoolFactory | None = None) -> None:
         super().__init__(pool_factory or (lambda c: NewestOwnsIndex(c.capacity, c.block_size, hit_cap=True)))

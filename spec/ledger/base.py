@@ -175,6 +175,11 @@ class LedgerModel:
         """The ops this granularity defines; each gets a valid op and checks capacity before it changes anything."""
         raise NotImplementedError
 
+    def _validation_view(self, op: Op) -> Observation:
+        """What ``validate`` reads of the ledger for ``op``: its request, and the objects (the whole
+        observation; a granularity may give less, as long as ``validate`` answers the same)."""
+        return self.observe()
+
     # -- the protocol ---------------------------------------------------------------
     def observe(self) -> Observation:
         """The spec's own ledger, in the shape adapters report."""
@@ -192,7 +197,7 @@ class LedgerModel:
         self._evicted, self._reclaimed = [], []
         self._evicted_slots, self._reclaimed_slots = [], []
         try:
-            validate(op, self.observe(), self.config, self.semantics)
+            validate(op, self._validation_view(op), self.config, self.semantics)
         except SpecError as exc:
             return Step(Outcome.invalid(str(exc)), (), (), self.free, lost=self.lost())
         operation = self._operations().get(op.op)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 
 from ..block_key import BlockKey, block_keys
-from ..observation import ObjectView
+from ..observation import ObjectView, Observation, RequestView
 from ..ops import Config, Op, Outcome, Semantics, blocks_for
 from ..policies import BlockFeatures, OrderParams, child_counts, prefix_depth, victim
 from .base import CacheObject, LedgerModel, Operation, Request
@@ -28,11 +28,24 @@ class BlockLedger(LedgerModel, granularity="block"):
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(config.capacity))
         self.index: dict[BlockKey, int] = {}
         self.duplicates: dict[BlockKey, list[int]] = {}
+        # Slots that neither a request nor a cached key holds, counted where one becomes or stops being one:
+        # a free slot leaves only by _pop_free, and one joins only when its last reference drops without a
+        # key kept (_drop_references) or a reset reclaims it; no other step sets a key or a reference on a
+        # slot in the free queue. O(1) per step instead of a scan of the pool.
+        self._free = config.capacity
 
     @property
     def free(self) -> int:
         """Slots that neither a request nor a cached key holds."""
-        return sum(1 for s in self.slots if not s.ref_count and s.key is None)
+        return self._free
+
+    def _validation_view(self, op: Op) -> Observation:
+        """The op's request only: at block granularity ``validate`` reads nothing else of the ledger."""
+        request = self.requests.get(op.req) if op.req is not None else None
+        requests = {}
+        if op.req is not None and request is not None:
+            requests[op.req] = RequestView(op.req, request.tokens, request.prompt_len, (), request.state)
+        return Observation(self.config.capacity, self._free, {}, requests, {})
 
     def _objects(self) -> dict[object, ObjectView]:
         objects: dict[object, ObjectView] = {}
@@ -42,7 +55,13 @@ class BlockLedger(LedgerModel, granularity="block"):
         return objects
 
     def lost(self) -> tuple[BlockKey, ...]:
-        """The keys of slots that hold a key the index does not find (duplicate_keys="newest" leaves them)."""
+        """The keys of slots that hold a key the index does not find (duplicate_keys="newest" leaves them).
+
+        Under every other choice a slot gets a key only with its index entry (or as a queued duplicate of
+        it, ``indexed``) and loses the entry only with its key: none, without a scan.
+        """
+        if self.semantics.duplicate_keys != "newest":
+            return ()
         return tuple(s.key for s in self.slots if isinstance(s.key, BlockKey) and s.key not in self.index)
 
     def _index(self) -> dict[Hashable, tuple[object, ...]]:
@@ -99,6 +118,8 @@ class BlockLedger(LedgerModel, granularity="block"):
                 self._unindex(slot.key, sid)
                 self._evicted.append(slot.key)
                 self._evicted_slots.append(sid)
+            elif slot.key is None:
+                self._free -= 1
             self.slots[sid] = CacheObject(ref_count=1, last_used=self.clock, share_degree=1)
             taken.append(sid)
         return taken
@@ -228,6 +249,7 @@ class BlockLedger(LedgerModel, granularity="block"):
                 slot.key = None
             if slot.key is None:
                 self.slots[sid] = CacheObject()
+                self._free += 1
                 if self.semantics.free_uncached == "head":
                     to_head.append(sid)
                     continue
@@ -296,4 +318,5 @@ class BlockLedger(LedgerModel, granularity="block"):
                 self._reclaimed_slots.append(sid)
                 self._unindex(slot.key, sid)
                 self.slots[sid] = CacheObject()
+                self._free += 1
         return Outcome.ok()
