@@ -297,6 +297,22 @@ class NewestUnkeysOwner(NewestOwnsIndex):
         super()._cache_full_blocks(req_id, start)
 
 
+class BystanderReference(PagedPrefixCache):
+    """allocate() also takes a reference on the first block of another live request, outside the new one's table.
+
+    The adapter's delta (ReferencePagedAdapter.observe_delta) names the admitted request's blocks only, so the
+    corrupted block lies outside the step's reported delta: with incremental checking on, the local check of
+    that step cannot see it, and the periodic full check (every K steps, and at the end) must.
+    """
+
+    def allocate(self, req_id: str, tokens: Sequence[int]) -> int:
+        hit = super().allocate(req_id, tokens)
+        other = next((blocks for req, blocks in self.req_blocks.items() if req != req_id and blocks), None)
+        if other is not None and other[0] not in self.req_blocks[req_id]:
+            other[0].ref_cnt += 1
+        return hit
+
+
 class RaisesOnResume(ReferencePagedAdapter):
     """The adapter's engine crashes on a resumed request."""
 
@@ -328,6 +344,7 @@ PAGED_BUGS: tuple[SeededBug, ...] = (
     _paged_bug("evict-referenced", "no_active_eviction", TouchKeepsQueued, 4),  # measured 2
     _paged_bug("leak-on-refusal", "atomic_failure", LeakOnRefusal, 4),  # measured 2
     _paged_bug("floor-rounding", "tail_rounding", FloorRounding, 3),  # measured 1
+    _paged_bug("bystander-reference", "ref_count_matches_references", BystanderReference, 4),  # measured 2
     _paged_bug("share-copies", "share_without_duplication", ShareCopies, 5),  # measured 3
     _paged_bug("hit-drops-key", "hit_keeps_key", HitDropsKey, 5),  # measured 3
     _paged_bug("reuse-keeps-index", "cache_index_consistency", ReuseKeepsIndex, 6),  # measured 4

@@ -32,9 +32,10 @@ from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.case import CASE_SCHEMA
 from kvspec.spec import INVARIANT_NAMES, INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT
-from kvspec.stateful_tests import PROFILES, Case, Profile, Result, Violation, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Case, Profile, Result, Tally, Violation, replay_ops, run_check
 
 KINDS = {inv.name: inv.kind for inv in INVARIANTS}
+INCREMENTAL = {inv.name for inv in INVARIANTS if inv.incremental}
 
 # The ci profile with 20 steps per example instead of 40. Shrinking is nearly all of the
 # time a seeded bug costs (a 40-step example is shrunk through up to ~2,000 reruns, and
@@ -49,16 +50,32 @@ SEEDED_PROFILE: Profile = dataclasses.replace(PROFILES["ci"], name="ci-seeded", 
 SEARCH_MISSES: dict[str, str] = {}
 
 
+INCREMENTAL_K = 4
+"""K of the incremental mode: an adapter that reports deltas is judged whole every 4th step and at the end of
+each example, on the part a step changed between (spec/delta.py). The catalogue's bugs on such adapters run in
+both modes; the others report no deltas, so both modes are the same run and they run once."""
+
+
+def reports_deltas(bug: SeededBug) -> bool:
+    """Whether the bug's adapter reports what a step changed (Capabilities.deltas)."""
+    adapter = bug.factory()
+    try:
+        return adapter.capabilities.deltas
+    finally:
+        adapter.close()
+
+
 def refines(bug: SeededBug) -> bool:
     """Refinement bugs run in full mode; safety and adapter-contract bugs with safety checks only."""
     return KINDS.get(bug.invariant, "adapter") == "refinement"
 
 
-def replay(factory: AdapterFactory, case: Case, *, refine: bool) -> Violation | None:
-    """Replay ``case`` on a fresh adapter from ``factory``; the first violation, or None."""
+def replay(factory: AdapterFactory, case: Case, *, refine: bool, every: int = 1) -> Violation | None:
+    """Replay ``case`` on a fresh adapter from ``factory`` (the whole state judged every ``every`` steps);
+    the first violation, or None."""
     adapter = factory()
     try:
-        return replay_ops(adapter, case.config, case.ops, refine=refine)
+        return replay_ops(adapter, case.config, case.ops, Tally(full_check_every=every), refine=refine)
     finally:
         adapter.close()
 
@@ -69,32 +86,39 @@ def verdict(result: Result, name: str) -> str:
 
 
 def seeded_params() -> list[object]:
-    """SEEDED_BUGS as test parameters, the known search misses marked as strict xfails."""
-    return [
-        pytest.param(
-            bug,
-            id=bug.name,
-            marks=pytest.mark.xfail(raises=AssertionError, strict=True, reason=SEARCH_MISSES[bug.name]),
-        )
-        if bug.name in SEARCH_MISSES
-        else pytest.param(bug, id=bug.name)
-        for bug in SEEDED_BUGS
-    ]
+    """SEEDED_BUGS as test parameters, each in full mode (K=1) and, where its adapter reports deltas, in
+    incremental mode (K=INCREMENTAL_K); the known search misses marked as strict xfails."""
+    params = []
+    for bug in SEEDED_BUGS:
+        for every in (1, INCREMENTAL_K) if reports_deltas(bug) else (1,):
+            name = bug.name if every == 1 else f"{bug.name}-incremental"
+            marks = (
+                [pytest.mark.xfail(raises=AssertionError, strict=True, reason=SEARCH_MISSES[name])]
+                if name in SEARCH_MISSES
+                else []
+            )
+            params.append(pytest.param(bug, every, id=name, marks=marks))
+    return params
 
 
-@pytest.mark.parametrize("bug", seeded_params())
-def test_seeded_bug_is_found_shrunk_saved_and_replayed(bug: SeededBug, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("bug", "every"), seeded_params())
+def test_seeded_bug_is_found_shrunk_saved_and_replayed(bug: SeededBug, every: int, tmp_path: Path) -> None:
     """The bug's invariant reports it, the counterexample is short, and its case file replays
-    the same failure on the buggy adapter and holds on the correct one."""
+    the same failure on the buggy adapter and holds on the correct one; in both modes (``every``: K)."""
     refine = refines(bug)
-    result = run_check(bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine)
+    result = run_check(
+        bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine, full_check_every=every
+    )
 
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None and result.failure_config is not None
     assert bug.invariant in result.failure.failures, result.failure
     assert verdict(result, bug.invariant) == "violated"
     assert result.failure.invariant == (bug.named_first or bug.invariant), result.failure
-    assert len(result.failure_ops) <= bug.max_ops, result.failure_ops
+    # A whole-state invariant is judged every K-th step (and the state ones at the end): reaching that step
+    # may take up to K-1 more ops than the full check of every step needs.
+    slack = 0 if every == 1 or bug.invariant in INCREMENTAL else every - 1
+    assert len(result.failure_ops) <= bug.max_ops + slack, result.failure_ops
     assert not [f for f in result.findings if f["kind"] == "flaky"], result.findings
 
     assert len(result.cases) == 1
@@ -109,12 +133,13 @@ def test_seeded_bug_is_found_shrunk_saved_and_replayed(bug: SeededBug, tmp_path:
     assert bug.invariant in data["expected"]["violated"]
 
     case = Case.load(path)
-    again = replay(bug.factory, case, refine=refine)
+    again = replay(bug.factory, case, refine=refine, every=every)
     assert again is not None, "the saved case does not reproduce"
     assert again.invariant == case.expected["invariant"] and bug.invariant in again.failures
     assert again.step == len(case.ops) - 1  # it breaks on the last op, not before
-    # The correct adapter holds on the same ops, refinement included.
+    # The correct adapter holds on the same ops, refinement included, in both modes.
     assert replay(bug.correct, case, refine=True) is None
+    assert replay(bug.correct, case, refine=True, every=every) is None
 
 
 def test_plain_lru_witness_is_caught_by_refinement_and_by_policy_conformance() -> None:
@@ -206,7 +231,7 @@ def test_catalogue_is_well_formed() -> None:
     assert HANG not in SEEDED_BUGS
     names = [bug.name for bug in (*SEEDED_BUGS, HANG)]
     assert len(names) == len(set(names))
-    assert set(SEARCH_MISSES) <= set(names)
+    assert set(SEARCH_MISSES) <= {*names, *(f"{name}-incremental" for name in names)}
     for bug in (*SEEDED_BUGS, HANG):
         assert bug.description and "\n" not in bug.description, bug.name
         assert bug.max_ops >= 1 and bug.named_first != bug.invariant, bug.name

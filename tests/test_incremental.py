@@ -1,0 +1,249 @@
+"""Incremental checking: the delta protocol (spec/delta.py), and the harness taking deltas.
+
+The protocol's invariant: a step's delta applied to the observation before it equals the observation after it.
+The reference adapters keep it on random walks; the kit's kept state answers as the whole state did before
+and after a step; a change outside a step's delta is caught by the full check every K steps and at the end;
+and K=1 is today's path, which never asks an adapter for a delta.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from seeded_bugs import by_name
+
+from kvspec.adapters.reference_paged import (
+    ReferenceFamilyProtectAdapter,
+    ReferenceNewestAdapter,
+    ReferencePagedAdapter,
+    ReferenceScoreAdapter,
+    ReferenceSharedAwareAdapter,
+)
+from kvspec.spec import (
+    BlockKey,
+    BlockLedger,
+    Config,
+    LiveObservation,
+    ObjectView,
+    Observation,
+    ObservationDelta,
+    Op,
+    Outcome,
+    RequestView,
+    Semantics,
+)
+from kvspec.spec.invariants import ADAPTER_CONTRACT
+from kvspec.stateful_tests import PROFILES, Harness, Tally, Violation, replay_ops, run_check
+
+ADAPTERS = [
+    ReferencePagedAdapter,
+    ReferenceScoreAdapter,
+    ReferenceSharedAwareAdapter,
+    ReferenceFamilyProtectAdapter,
+    ReferenceNewestAdapter,
+]
+
+
+def random_op(rng: random.Random, obs: Observation, n: int) -> Op:
+    """One op drawn over a small token alphabet, so that prefixes repeat, blocks are hit, shared and evicted."""
+    live = sorted(obs.requests)
+    running = [r for r in live if obs.requests[r].state == "running"]
+    preempted = [r for r in live if obs.requests[r].state == "preempted"]
+    roll = rng.random()
+    if roll < 0.4 or not live:
+        return Op("admit", f"r{n}", tuple(rng.choice((0, 1)) for _ in range(rng.randint(1, 9))))
+    if roll < 0.55 and running:
+        return Op("append", rng.choice(running), tuple(rng.choice((0, 1)) for _ in range(rng.randint(1, 3))))
+    if roll < 0.65 and running:
+        return Op("preempt", rng.choice(running))
+    if roll < 0.72 and preempted:
+        return Op("resume", rng.choice(preempted))
+    if roll < 0.74:
+        return Op("reset_cache")
+    return Op("release", rng.choice(live), keep=rng.random() < 0.8)
+
+
+@pytest.mark.parametrize("make", ADAPTERS, ids=lambda a: a.name)
+def test_reference_deltas_applied_give_the_observation(make: type[ReferencePagedAdapter]) -> None:
+    """On 600 random ops per adapter (refusals, evictions, preemption and resets included), each step's delta
+    applied to the previous observation equals the adapter's full observation; after a reset it gives none."""
+    adapter = make()
+    assert adapter.capabilities.deltas
+    rng = random.Random(17)
+    adapter.reset(Config(capacity=6, block_size=2))
+    obs = adapter.observe()
+    deltas = 0
+    for n in range(600):
+        op = random_op(rng, obs, n)
+        adapter.apply(op)
+        adapter.events()
+        delta = adapter.observe_delta()
+        full = adapter.observe()
+        if op.op == "reset_cache":
+            assert delta is None
+        else:
+            assert delta is not None, op
+            assert delta.apply(obs) == full, (n, op)
+            assert delta.touched_objects <= {*obs.objects, *full.objects}
+            deltas += 1
+        obs = full
+    assert deltas > 500
+
+
+def test_kept_state_answers_as_the_whole_state_before_and_after() -> None:
+    """LiveObservation.apply: ``before`` answers with the old values (a dropped object found, an added one
+    not), ``after`` with the new; the local views iterate only what the step touched and the readers of the
+    touched objects, while every lookup answers from the whole state."""
+    obj = {i: ObjectView(i, 1, 2, 1, None) for i in range(4)}
+    reqs = {"a": RequestView("a", (1, 2, 3, 4), 4, (0, 1)), "b": RequestView("b", (5, 6, 7, 8), 4, (2, 3))}
+    kept = LiveObservation(Observation(8, 4, obj, reqs, {}))
+    grown = RequestView("a", (1, 2, 3, 4, 9), 4, (0, 1, 4))
+    delta = ObservationDelta(3, {4: ObjectView(4, 1, 1, 1, None)}, frozenset(), {"a": grown})
+    change = kept.apply(delta)
+    assert change.before.free == 4 and change.after.free == 3
+    assert 4 not in change.before.objects and 4 in change.after.objects
+    assert change.before.requests["a"].objects == (0, 1) and change.after.requests["a"] is grown
+    assert sorted(change.before.objects) == [0, 1, 2, 3] and sorted(change.after.objects) == [0, 1, 2, 3, 4]
+    assert change.after == delta.apply(Observation(8, 4, obj, reqs, {}))
+    before, after = kept.local(change, [], "a")
+    assert list(after.objects) == [4] and list(after.requests) == ["a"]
+    assert list(before.objects) == [] and before.requests["a"].objects == (0, 1)
+    assert after.objects[2] == obj[2] and "b" in after.requests  # lookups see everything
+    assert kept.readers[4] == {"a"}
+    drop = ObservationDelta(3, {}, frozenset({3}), {}, frozenset({"b"}))
+    change = kept.apply(drop)
+    assert 3 in change.before.objects and 3 not in change.after.objects
+    assert "b" in change.before.requests and "b" not in kept.now().requests
+    assert 3 not in kept.readers
+
+
+def _bystander_ops() -> list[Op]:
+    return [Op("admit", "a", (1, 2, 3)), Op("admit", "b", (4, 5)), Op("append", "b", (6,)), Op("append", "b", (7,))]
+
+
+def test_a_change_outside_the_delta_is_caught_by_the_full_check_not_before() -> None:
+    """bystander-reference corrupts a block of request a while admitting b, outside the step's delta: with K=1
+    the whole state shows it at that step; with K=4 the local checks of steps 1-3 cannot see it, and the full
+    check of step 4 reports it by its invariant, and the kept state's difference from the observation."""
+    bug = by_name("bystander-reference")
+    config = Config(capacity=8, block_size=2)
+    now = replay_ops(bug.factory(), config, _bystander_ops())
+    assert now is not None and now.step == 1 and now.invariant == "ref_count_matches_references"
+    later = replay_ops(bug.factory(), config, _bystander_ops(), Tally(full_check_every=4))
+    assert later is not None and later.step == 3, later
+    assert later.invariant == "ref_count_matches_references"
+    assert any("differs from its observation" in p for p in later.failures[ADAPTER_CONTRACT])
+    # With K past the example's end, the end-of-example check catches it at the last op.
+    end = replay_ops(bug.factory(), config, _bystander_ops()[:3], Tally(full_check_every=100))
+    assert end is not None and end.step == 2 and end.invariant == "ref_count_matches_references"
+    assert replay_ops(ReferencePagedAdapter(), config, _bystander_ops(), Tally(full_check_every=4)) is None
+
+
+class ForgetsTheAppend(ReferencePagedAdapter):
+    """A delta that lies and nothing else: an append's delta leaves out every block it changed."""
+
+    def apply(self, op: Op) -> Outcome:
+        self.appending = op.op == "append"
+        return super().apply(op)
+
+    def observe_delta(self) -> ObservationDelta | None:
+        delta = super().observe_delta()
+        if delta is None or not self.appending:
+            return delta
+        return ObservationDelta(delta.free, {}, frozenset(), delta.requests, delta.dropped_requests)
+
+
+def test_a_lying_delta_with_a_correct_pool_is_an_adapter_contract_finding() -> None:
+    """The pool is right, but the delta of an append that filled the tail block leaves that block out: the
+    local check of the append has nothing to see, the full check of the K-th step reports adapter_contract
+    (the kept state differs from the observation), and the same ops hold under K=1."""
+    config = Config(capacity=8, block_size=2)
+    ops = [Op("admit", "a", (1, 2, 3)), Op("append", "a", (4,)), Op("admit", "b", (7, 8))]
+    assert replay_ops(ForgetsTheAppend(), config, ops[:2], Tally(full_check_every=100)) is not None  # the end
+    found = replay_ops(ForgetsTheAppend(), config, ops, Tally(full_check_every=3))
+    assert found is not None and found.step == 2, found
+    assert any("differs from its observation" in p for p in found.failures[ADAPTER_CONTRACT])
+    assert replay_ops(ForgetsTheAppend(), config, ops) is None
+
+
+class NoDeltaAtK1(ReferencePagedAdapter):
+    def observe_delta(self) -> ObservationDelta | None:
+        raise AssertionError("K=1 asked for a delta")
+
+
+def test_k1_never_asks_for_a_delta() -> None:
+    """K=1 (every profile's default) is the full check of every step: the adapter is never asked for a delta."""
+    harness = Harness(NoDeltaAtK1(), Config(capacity=8, block_size=2), Tally(full_check_every=1))
+    for op in _bystander_ops():
+        harness.step(op)
+    harness.finish()
+    assert harness.live is None and harness.tally.full_checks == 0
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_incremental_run_checks_every_step_and_the_whole_state_every_k(isolate: bool, tmp_path: Path) -> None:
+    """A run with K=5 passes on the reference adapter, judges each incremental invariant on every step and the
+    whole-state ones on the full checks only (in a child process the deltas cross the pipe)."""
+    result = run_check(
+        ReferencePagedAdapter,
+        name="reference",
+        profile=PROFILES["ci"],
+        max_examples=30,
+        cases_dir=tmp_path,
+        isolate=isolate,
+        full_check_every=5,
+    )
+    assert result.exit_code == 0, result.error
+    tally = result.tally
+    assert 0 < tally.full_checks < tally.steps
+    # every step, plus each end-of-example check
+    assert tally.steps < tally.checked["ref_count_matches_references"] <= tally.steps + tally.full_checks
+    assert tally.checked["index_completeness"] < tally.steps // 2
+    rows = {row["name"]: row["verdict"] for row in result.report().verdicts()}
+    assert rows["capacity_conservation"] == rows["index_completeness"] == "held"
+
+
+def test_incremental_run_finds_a_seeded_bug_through_its_invariant(tmp_path: Path) -> None:
+    """The bug outside the delta, searched with K=4: found, named by ref_count_matches_references."""
+    bug = by_name("bystander-reference")
+    result = run_check(
+        bug.factory, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4
+    )
+    assert result.exit_code == 1
+    assert isinstance(result.failure, Violation) and result.failure.invariant == bug.invariant
+
+
+@pytest.mark.parametrize(
+    "semantics",
+    [
+        Semantics(),
+        Semantics(duplicate_keys="indexed"),
+        Semantics(duplicate_keys="newest"),
+        Semantics(eviction="score", free_uncached="head"),
+        Semantics(reset_requires_idle=False, admission_anchor_blocks=1),
+    ],
+    ids=["lru", "indexed", "newest", "score-head", "reset-busy-anchor"],
+)
+def test_block_ledger_counts_free_and_lost_as_a_scan_would(semantics: Semantics) -> None:
+    """The spec's block ledger keeps ``free`` as a count and answers ``lost`` without a scan outside
+    duplicate_keys=newest (spec/ledger/block.py); on 800 random ops both equal the scan of every slot."""
+    ledger = BlockLedger(Config(capacity=7, block_size=2), semantics)
+    rng = random.Random(3)
+    for n in range(800):
+        ledger.step(random_op(rng, ledger.observe(), n))
+        slots = ledger.slots
+        assert ledger.free == sum(1 for s in slots if not s.ref_count and s.key is None), n
+        assert ledger.lost() == tuple(s.key for s in slots if isinstance(s.key, BlockKey) and s.key not in ledger.index)
+
+
+class AnswersNonsense(ReferencePagedAdapter):
+    def observe_delta(self) -> ObservationDelta | None:
+        return "nonsense"  # type: ignore[return-value]
+
+
+def test_a_delta_that_is_not_one_is_an_adapter_contract_finding() -> None:
+    """observe_delta() must give an ObservationDelta or None: anything else is the adapter's finding."""
+    found = replay_ops(AnswersNonsense(), Config(capacity=8, block_size=2), _bystander_ops(), Tally(full_check_every=3))
+    assert found is not None and found.step == 0 and found.invariant == ADAPTER_CONTRACT
