@@ -120,6 +120,8 @@ class Result:
                 "given_cases": self.given_cases,
                 "kept_cases": self.kept_cases,
                 "engine": self.engine,
+                "full_check_every": tally.full_check_every,
+                "full_checks": tally.full_checks,
                 **self.sections,
                 "examples_to_first_failure": (tally.first_failure_at or (None, None))[0],
                 **(
@@ -130,7 +132,8 @@ class Result:
                 "seconds_to_first_failure": None if tally.first_failure_s is None else round(tally.first_failure_s, 3),
             },
             title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}"
-            + ("" if self.engine == "hypothesis" else f", engine {self.engine}"),
+            + ("" if self.engine == "hypothesis" else f", engine {self.engine}")
+            + ("" if tally.full_check_every == 1 else f", whole state every {tally.full_check_every} steps"),
             details=self._details(),
         )
 

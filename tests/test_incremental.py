@@ -8,6 +8,7 @@ and K=1 is today's path, which never asks an adapter for a delta.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from kvspec.adapters.reference_paged import (
     ReferenceScoreAdapter,
     ReferenceSharedAwareAdapter,
 )
+from kvspec.cli import main
 from kvspec.spec import (
     BlockKey,
     BlockLedger,
@@ -247,3 +249,19 @@ def test_a_delta_that_is_not_one_is_an_adapter_contract_finding() -> None:
     """observe_delta() must give an ObservationDelta or None: anything else is the adapter's finding."""
     found = replay_ops(AnswersNonsense(), Config(capacity=8, block_size=2), _bystander_ops(), Tally(full_check_every=3))
     assert found is not None and found.step == 0 and found.invariant == ADAPTER_CONTRACT
+
+
+def test_command_line_full_check_every(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvspec check --full-check-every K`: K below 1 could not run (exit 2, one line); K=8 checks the
+    reference adapter incrementally and passes, every safety invariant held."""
+    assert main(["check", "--adapter", "reference", "--full-check-every", "0", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--full-check-every must be at least 1" in err
+    report = tmp_path / "r.json"
+    argv = ["check", "--adapter", "reference", "--full-check-every", "8", "--max-examples", "20"]
+    code = main([*argv, "--cases-dir", str(tmp_path), "--report", str(report), "--quiet"])
+    assert code == 0
+    data = json.loads(report.read_text())
+    assert data["full_check_every"] == 8 and data["full_checks"] > 0
+    rows = {row["name"]: row["verdict"] for row in data["invariants"]}
+    assert rows["capacity_conservation"] == rows["ref_count_matches_references"] == rows["index_completeness"] == "held"
