@@ -38,6 +38,7 @@ from kvspec.spec import (
 )
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 from kvspec.stateful_tests import PROFILES, Harness, Tally, Violation, replay_ops, run_check
+from kvspec.stateful_tests.swarm import run_swarm
 
 ADAPTERS = [
     ReferencePagedAdapter,
@@ -265,3 +266,17 @@ def test_command_line_full_check_every(tmp_path: Path, capsys: pytest.CaptureFix
     assert data["full_check_every"] == 8 and data["full_checks"] > 0
     rows = {row["name"]: row["verdict"] for row in data["invariants"]}
     assert rows["capacity_conservation"] == rows["ref_count_matches_references"] == rows["index_completeness"] == "held"
+
+
+def test_swarm_engine_with_k_finds_the_bug_outside_the_delta(tmp_path: Path) -> None:
+    """The swarm engine takes K too: its walks end with the whole-state check, and the failure it minimises
+    (under the same K) is named by the bug's invariant and replays under that K."""
+    bug = by_name("bystander-reference")
+    result = run_swarm(
+        bug.factory, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4
+    )
+    assert result.exit_code == 1 and result.tally.full_checks > 0
+    assert result.failure is not None and result.failure_config is not None
+    assert result.failure.invariant == bug.invariant
+    again = replay_ops(bug.factory(), result.failure_config, result.failure_ops, Tally(full_check_every=4))
+    assert again is not None and again.invariant == bug.invariant
