@@ -196,7 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     jsonio.write(args.json, data)
     jsonio.write_text(args.markdown, markdown(data))
     print(f"wrote {args.json} and {args.markdown}")
-    return 0
+    missed = [
+        f"{r['bug']} ({r['engine']}, {r['workers']} workers)"
+        for r in data["seeded_bugs"]
+        if r["found"] < len(r["seeds"])
+    ]
+    if missed:
+        print(f"not found on every seed: {', '.join(missed)}", file=sys.stderr)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
