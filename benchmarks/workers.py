@@ -3,8 +3,8 @@
 Two tables, each run through ``stateful_tests.workers.run_workers`` (what ``--workers`` runs):
 1. The reference adapter, each engine, 1 and 2 workers, the same number of examples per
    worker (so two workers do twice the work): checked steps in all, wall seconds from the
-   start to the merged report (forks included), checked steps/s, and the speed-up over one
-   worker.
+   start to the merged report (forks included), checked steps/s (median of 5 runs, 1 and 2
+   workers alternating, and its range), and the speed-up over one worker.
 2. A few seeded bugs of tests/seeded_bugs.py (the seeded-bug test's modes: refinement bugs
    with refinement on), each engine, 1 and 2 workers, several seeds: seconds to the first
    counterexample (the earliest worker's, from its own start: the report's
@@ -60,32 +60,44 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def throughput_rows(examples: int) -> list[dict[str, Any]]:
-    """Table 1: the reference adapter, each engine and worker count, ``examples`` per worker, seed 1."""
-    rows = []
+def throughput_rows(examples: int, repeats: int) -> list[dict[str, Any]]:
+    """Table 1: the reference adapter, each engine and worker count, ``examples`` per worker, seed 1; ``repeats``
+    runs of each, 1 and 2 workers alternating (the load moves), the median rate reported."""
     factory = load("reference")
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for engine in ENGINES:
-        for workers in WORKERS:
-            with TemporaryDirectory() as tmp:
-                options = Options(seed=1, max_examples=examples, scenarios=False, cases_dir=Path(tmp), engine=engine)
-                before = _load()
-                t0 = time.perf_counter()
-                report = run_workers(factory, "reference", options, workers)
-                wall = time.perf_counter() - t0
-            assert report.status == "passed", report.error or report.status
-            rows.append(
-                {
-                    "engine": engine,
-                    "workers": workers,
-                    "examples": report.examples,
-                    "steps": report.steps,
-                    "wall_s": round(wall, 3),
-                    "steps_per_s": round(report.steps / wall, 1),
-                    "load_before": before,
-                    "load_after": _load(),
-                }
-            )
-            print(f"reference {engine} x{workers}: {rows[-1]['steps_per_s']} steps/s", file=sys.stderr)
+        for _ in range(repeats):
+            for workers in WORKERS:
+                with TemporaryDirectory() as tmp:
+                    options = Options(
+                        seed=1, max_examples=examples, scenarios=False, cases_dir=Path(tmp), engine=engine
+                    )
+                    before = _load()
+                    t0 = time.perf_counter()
+                    report = run_workers(factory, "reference", options, workers)
+                    wall = time.perf_counter() - t0
+                assert report.status == "passed", report.error or report.status
+                runs.setdefault((engine, workers), []).append(
+                    {"steps": report.steps, "examples": report.examples, "wall": wall, "load": [before, _load()]}
+                )
+    rows = []
+    for (engine, workers), done in runs.items():
+        rates = [run["steps"] / run["wall"] for run in done]
+        loads = [load for run in done for load in run["load"]]
+        rows.append(
+            {
+                "engine": engine,
+                "workers": workers,
+                "examples": done[0]["examples"],
+                "steps": done[0]["steps"],
+                "repeats": len(done),
+                "wall_s": round(statistics.median(run["wall"] for run in done), 3),
+                "steps_per_s": round(statistics.median(rates), 1),
+                "steps_per_s_range": [round(min(rates), 1), round(max(rates), 1)],
+                "load": [round(min(loads), 2), round(max(loads), 2)],
+            }
+        )
+        print(f"reference {engine} x{workers}: {rows[-1]}", file=sys.stderr)
     for row in rows:
         one = next(r for r in rows if r["engine"] == row["engine"] and r["workers"] == 1)
         row["speedup"] = round(row["steps_per_s"] / one["steps_per_s"], 2)
@@ -150,13 +162,15 @@ def markdown(data: dict[str, Any]) -> str:
         f"Reference adapter, {data['examples']} examples of the ci profile per worker, seed 1 "
         "(worker 1 runs the derived seed; docs/workers.md):",
         "",
-        "| engine | workers | examples | checked steps | wall s | checked steps/s | speed-up | load before/after |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engine | workers | examples | checked steps | runs | wall s (median) | checked steps/s (median) | range "
+        "| speed-up | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["throughput"]:
+        low, high = r["steps_per_s_range"]
         lines.append(
-            f"| {r['engine']} | {r['workers']} | {r['examples']} | {r['steps']} | {r['wall_s']} | "
-            f"{r['steps_per_s']} | {r['speedup']}x | {r['load_before']} / {r['load_after']} |"
+            f"| {r['engine']} | {r['workers']} | {r['examples']} | {r['steps']} | {r['repeats']} | {r['wall_s']} | "
+            f"{r['steps_per_s']} | {low}-{high} | {r['speedup']}x | {r['load'][0]}-{r['load'][1]} |"
         )
     lines += [
         "",
@@ -183,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = 20 if args.quick else 200
     start = _load()
     data: dict[str, Any] = {"kvspec_bench_workers": 1, "quick": args.quick, "examples": examples}
-    data["throughput"] = throughput_rows(examples)
+    data["throughput"] = throughput_rows(examples, 1 if args.quick else 5)
     data["seeded_bugs"] = bug_rows(QUICK_BUGS if args.quick else BUGS, (1,) if args.quick else (1, 2, 3))
     data["meta"] = {
         "command": " ".join(["python benchmarks/workers.py", *(sys.argv[1:] if argv is None else argv)]),

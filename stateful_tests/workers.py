@@ -15,14 +15,18 @@ shared example database (a folder or Redis: both take concurrent writers); its a
 its own child under the step timeout as in a one-process run. Each sends its report's JSON
 back through a pipe; :func:`kvspec.report_merge.merge_reports` makes the one report (status:
 1 if any worker found a violation, else 2 if any could not run, docs/workers.md). A worker
-that dies before it reports is a part with status ``error``.
+that dies before it reports is a part with status ``error``. Each worker runs in a process group of
+its own; an interrupt of the parent (Ctrl-C, SIGTERM) is passed to each worker once, and each ends
+with the report of what it had done (status ``interrupted``, exit 2, unless one found a violation).
 """
 
 from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import random
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -31,7 +35,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
 from kvspec.adapters import AdapterFactory
-from kvspec.adapters.isolation import IsolatedAdapter
+from kvspec.adapters.isolation import IsolatedAdapter, track, untrack
 from kvspec.report import Report
 from kvspec.report_merge import merge_reports, report_from_json
 
@@ -57,7 +61,9 @@ def base_seed(options: Options) -> int:
 
 
 def _work(factory: AdapterFactory, name: str, options: Options, conn: Connection) -> None:
-    """A worker's body: its check's report JSON down the pipe."""
+    """A worker's body: its check's report JSON down the pipe. Its own process group: a terminal's Ctrl-C
+    reaches the parent only, which passes one SIGINT on to each worker (run_workers)."""
+    os.setpgid(0, 0)
     try:
         report = check_adapter(factory, name, options)
     except BaseException as exc:
@@ -78,6 +84,36 @@ def _is_live(factory: AdapterFactory, options: Options) -> bool | str:
         return f"the adapter could not start: {type(exc).__name__}: {exc}"
 
 
+def _collect(
+    running: dict[Connection, tuple[int, BaseProcess]], parts: dict[int, Report], name: str, options: Options, seed: int
+) -> bool:
+    """Wait for every worker's report into ``parts`` (a worker that died: an error part); whether interrupted."""
+    interrupted = False
+    while running:
+        try:
+            ready = wait(list(running))
+        except KeyboardInterrupt:  # each worker is told once, stops, and sends what it has (its interrupted report)
+            if not interrupted:
+                for _, process in running.values():
+                    if process.pid is not None:
+                        os.kill(process.pid, signal.SIGINT)
+            interrupted = True
+            continue
+        for conn in cast(list[Connection], ready):
+            i, process = running.pop(conn)
+            try:
+                parts[i] = report_from_json(cast(dict[str, Any], conn.recv()))
+            except (EOFError, OSError):
+                process.join()
+                why = f"worker {i} exited with status {process.exitcode} before it reported"
+                parts[i] = not_started(name, replace(options, seed=worker_seed(seed, i)), "error", why)
+            process.join()
+            untrack(process)
+            if not options.quiet:
+                print(f"  ... worker {i} done: {parts[i].status}, {parts[i].steps} steps", file=sys.stderr, flush=True)
+    return interrupted
+
+
 def run_workers(factory: AdapterFactory, name: str, options: Options, workers: int) -> Report:
     """Run the check in ``workers`` processes (the module docstring's seed contract) and merge their reports.
 
@@ -96,31 +132,21 @@ def run_workers(factory: AdapterFactory, name: str, options: Options, workers: i
     ctx = multiprocessing.get_context("fork")
     running: dict[Connection, tuple[int, BaseProcess]] = {}
     parts: dict[int, Report] = {}
-    for i in range(workers):
-        mine = replace(options, seed=worker_seed(seed, i), cases_dir=options.cases_dir / f"worker-{i}", quiet=True)
-        receive, send = ctx.Pipe(duplex=False)
-        worker = ctx.Process(target=_work, args=(factory, name, mine, send), name=f"kvspec-worker-{i}")
-        worker.start()
-        send.close()
-        running[receive] = (i, worker)
-    interrupted = False
-    while running:
-        try:
-            ready = wait(list(running))
-        except KeyboardInterrupt:  # the workers got the signal too: each ends with its interrupted report
-            interrupted = True
-            continue
-        for conn in cast(list[Connection], ready):
-            i, process = running.pop(conn)
-            try:
-                parts[i] = report_from_json(cast(dict[str, Any], conn.recv()))
-            except (EOFError, OSError):
-                process.join()
-                why = f"worker {i} exited with status {process.exitcode} before it reported"
-                parts[i] = not_started(name, replace(options, seed=worker_seed(seed, i)), "error", why)
+    try:
+        for i in range(workers):
+            mine = replace(options, seed=worker_seed(seed, i), cases_dir=options.cases_dir / f"worker-{i}", quiet=True)
+            receive, send = ctx.Pipe(duplex=False)
+            worker = ctx.Process(target=_work, args=(factory, name, mine, send), name=f"kvspec-worker-{i}")
+            worker.start()
+            track(worker)  # a second interrupt (the kit exits at once) kills it: its own group hears no Ctrl-C
+            send.close()
+            running[receive] = (i, worker)
+        interrupted = _collect(running, parts, name, options, seed)
+    finally:  # only when something escaped (a second interrupt, an error here): no worker outlives the run
+        for _, process in running.values():
+            process.kill()
             process.join()
-            if not options.quiet:
-                print(f"  ... worker {i} done: {parts[i].status}, {parts[i].steps} steps", file=sys.stderr, flush=True)
+            untrack(process)
     ordered = [parts[i] for i in range(workers)]
     report = merge_reports(
         ordered,

@@ -204,3 +204,20 @@ def test_report_merge_writes_a_merge_of_reports_it_was_given(tmp_path: Path) -> 
     data = json.loads(out.read_text())
     assert data["invariants"][0]["checked_steps"] == 4 and data["invariants"][0]["verdict"] == "violated"
     assert data["steps"] == 8 and len(data["workers"]) == 2
+
+
+def test_an_interrupted_run_of_workers_writes_what_each_had(tmp_path: Path) -> None:
+    """SIGINT to `kvspec check --workers 2` while the workers run: each is told, stops and reports; the merged
+    report is written with status interrupted, both workers' rows, and the command exits 2."""
+    from clirun import kvspec
+
+    report = tmp_path / "r.json"
+    run = kvspec(
+        "check", "--workers", "2", "--max-examples", "100000", "--no-scenarios", "--quiet",
+        "--cases-dir", str(tmp_path), "--report", str(report), interrupt_after=4.0, from_held=True, limit=60,
+    )  # fmt: skip
+    assert run.code == 2, run.err
+    data = json.loads(report.read_text())
+    schemas.check(data, "report")
+    assert data["status"] == "interrupted" and [w["status"] for w in data["workers"]] == ["interrupted"] * 2
+    assert all(w["steps"] > 0 for w in data["workers"])
