@@ -4,7 +4,9 @@ Two tables, each run through ``stateful_tests.workers.run_workers`` (what ``--wo
 1. The reference adapter, each engine, 1 and 2 workers, the same number of examples per
    worker (so two workers do twice the work): checked steps in all, wall seconds from the
    start to the merged report (forks included), checked steps/s (median of 5 runs, 1 and 2
-   workers alternating, and its range), and the speed-up over one worker.
+   workers alternating, and its range), the speed-up over one worker, and the CPU seconds the
+   run took (this process and every child it waited for: workers and their adapters) with the
+   checked steps per CPU second, which the load of other processes does not move.
 2. A few seeded bugs of tests/seeded_bugs.py (the seeded-bug test's modes: refinement bugs
    with refinement on), each engine, 1 and 2 workers, several seeds: seconds to the first
    counterexample (the earliest worker's, from its own start: the report's
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -56,6 +59,12 @@ BUGS = (
 )
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of every child it has waited for (workers, and adapters they waited for)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -73,16 +82,25 @@ def throughput_rows(examples: int, repeats: int) -> list[dict[str, Any]]:
                         seed=1, max_examples=examples, scenarios=False, cases_dir=Path(tmp), engine=engine
                     )
                     before = _load()
+                    cpu0 = _cpu()
                     t0 = time.perf_counter()
                     report = run_workers(factory, "reference", options, workers)
                     wall = time.perf_counter() - t0
+                    cpu = _cpu() - cpu0
                 assert report.status == "passed", report.error or report.status
                 runs.setdefault((engine, workers), []).append(
-                    {"steps": report.steps, "examples": report.examples, "wall": wall, "load": [before, _load()]}
+                    {
+                        "steps": report.steps,
+                        "examples": report.examples,
+                        "wall": wall,
+                        "cpu": cpu,
+                        "load": [before, _load()],
+                    }
                 )
     rows = []
     for (engine, workers), done in runs.items():
         rates = [run["steps"] / run["wall"] for run in done]
+        per_cpu = [run["steps"] / run["cpu"] for run in done]
         loads = [load for run in done for load in run["load"]]
         rows.append(
             {
@@ -94,6 +112,8 @@ def throughput_rows(examples: int, repeats: int) -> list[dict[str, Any]]:
                 "wall_s": round(statistics.median(run["wall"] for run in done), 3),
                 "steps_per_s": round(statistics.median(rates), 1),
                 "steps_per_s_range": [round(min(rates), 1), round(max(rates), 1)],
+                "cpu_s": round(statistics.median(run["cpu"] for run in done), 3),
+                "steps_per_cpu_s": round(statistics.median(per_cpu), 1),
                 "load": [round(min(loads), 2), round(max(loads), 2)],
             }
         )
@@ -163,14 +183,15 @@ def markdown(data: dict[str, Any]) -> str:
         "(worker 1 runs the derived seed; docs/workers.md):",
         "",
         "| engine | workers | examples | checked steps | runs | wall s (median) | checked steps/s (median) | range "
-        "| speed-up | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| speed-up | CPU s (median) | checked steps per CPU s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["throughput"]:
         low, high = r["steps_per_s_range"]
         lines.append(
             f"| {r['engine']} | {r['workers']} | {r['examples']} | {r['steps']} | {r['repeats']} | {r['wall_s']} | "
-            f"{r['steps_per_s']} | {low}-{high} | {r['speedup']}x | {r['load'][0]}-{r['load'][1]} |"
+            f"{r['steps_per_s']} | {low}-{high} | {r['speedup']}x | {r['cpu_s']} | {r['steps_per_cpu_s']} | "
+            f"{r['load'][0]}-{r['load'][1]} |"
         )
     lines += [
         "",
