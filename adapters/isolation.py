@@ -82,6 +82,16 @@ def kill_children() -> None:
         _LIVE.discard(child)
 
 
+def track(process: BaseProcess) -> None:
+    """Count ``process`` (another child of the kit: a ``--workers`` worker) among the children
+    :func:`kill_children` kills on a second interrupt; :func:`untrack` once it has been joined."""
+    _LIVE.add(process)
+
+
+def untrack(process: BaseProcess) -> None:
+    _LIVE.discard(process)
+
+
 def live_children() -> int:
     """How many isolated adapters are running now (a test can assert that none leaked)."""
     return sum(1 for child in _LIVE if child.is_alive())
@@ -290,4 +300,6 @@ __all__ = [
     "isolated",
     "kill_children",
     "live_children",
+    "track",
+    "untrack",
 ]

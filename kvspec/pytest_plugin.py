@@ -4,6 +4,12 @@ Each named adapter becomes one test item, ``kvspec[NAME]``, that fails with the
 conformance table and the shrunk counterexample when an invariant breaks. The
 ``kvspec_check`` fixture runs the same check from a user's own test; ``vllm_live_server``
 gives a running vLLM server (the kit's tiny one unless ``--kvspec-vllm-url``).
+
+Under pytest-xdist (``pytest -n N``) every worker collects the same ``kvspec[NAME]`` items and
+runs the ones it is given; nothing the plugin writes is shared between two items: a case file
+is named by adapter, invariant and a digest of its content and written atomically (two
+workers that find the same case write the same bytes), an ``--kvspec-html`` page by its
+adapter or test id, and the fixture's cases go under the test's own ``tmp_path`` (per worker).
 """
 
 from __future__ import annotations

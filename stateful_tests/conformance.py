@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, settings
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
 from kvspec.adapters import AdapterFactory
@@ -29,6 +28,7 @@ from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 from kvspec.spec.ops import bad_input_kinds
 
+from .example_db import ExampleDbLocation, open_example_db
 from .harness import AdapterHung, Harness, Tally, Violation
 from .kept_cases import forget_case, kept_cases
 from .machine import build_machine
@@ -212,7 +212,7 @@ def run_check(
     refine: bool = True,
     adapter: Adapter | None = None,
     isolate: bool = True,
-    example_db: Path | None = None,
+    example_db: ExampleDbLocation | None = None,
     time_budget_s: float | None = None,
     ignore: frozenset[str] = frozenset(),
     keep_going: bool = False,
@@ -225,8 +225,8 @@ def run_check(
     each call under ``step_timeout`` (adapters/isolation.py); False runs it in this process
     (a debugger sees it; a hang is not cut off). ``adapter``: a first instance already
     built (the dispatch builds one to read its capabilities); fresh ones come from ``factory``.
-    ``example_db``: a folder where Hypothesis keeps the failing examples it found, replayed
-    first by the next run (None: none kept). ``time_budget_s``: no example starts after it.
+    ``example_db``: a folder or a Redis URL (example_db.py) where Hypothesis keeps the failing examples it
+    found, replayed first by the next run (None: none kept). ``time_budget_s``: no example starts after it.
     ``ignore``: invariants checked and counted but never raised (a gate's known violations),
     so the search goes on past them; their rows read unknown.
     ``keep_going``: a violation does not end the run; every distinct invariant that a failure
@@ -270,7 +270,7 @@ def run_check(
             result.derandomized = derandomized
             hypothesis_seed = None if derandomized else seed
             found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
-            database = _database(example_db, name)
+            database = open_example_db(example_db, name)
             kept = kept_cases(database) if database is not None else []
             result.kept_cases = len(kept)
             for case in [*kept, *extra_cases]:
@@ -330,13 +330,6 @@ def run_check(
 
 def _op_json(op: Op | None) -> dict[str, Any] | None:
     return None if op is None else op.to_json()
-
-
-def _database(folder: Path | None, name: str) -> ExampleDatabase | None:
-    """The adapter's own example database under ``folder`` (one per adapter: the machines share a digest)."""
-    if folder is None:
-        return None
-    return DirectoryBasedExampleDatabase(folder / re.sub(r"[^A-Za-z0-9_.-]", "_", name))
 
 
 def _settings(

@@ -24,6 +24,7 @@ from kvspec.report import Report, Status, now
 
 from .bad_inputs import bad_input_cases
 from .conformance import PROFILES, Result, run_check
+from .example_db import ExampleDbLocation
 from .harness import Tally
 from .live import LIVE_PROFILES, run_live
 from .swarm import run_swarm
@@ -53,7 +54,7 @@ class Options:
     scenarios: bool = True
     quiet: bool = True
     isolate: bool = True  # each adapter in its own child process, every call under step_timeout
-    example_db: Path | None = None  # Hypothesis's failing examples kept here, replayed first next time
+    example_db: ExampleDbLocation | None = None  # a folder or a Redis URL: failures kept, replayed first
     time_budget_s: float | None = None  # no example starts after it
     ignore: frozenset[str] = frozenset()  # invariants counted but not judged (a gate's known violations)
     given_cases: tuple[Case, ...] = ()  # replayed before anything else (saved counterexamples)

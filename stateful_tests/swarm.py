@@ -41,7 +41,6 @@ from kvspec.spec.ops import OpKind, bad_input_kinds
 from .conformance import (
     Profile,
     Result,
-    _database,
     _keep_what_was_found,
     _quality_finding,
     _record_failure,
@@ -50,6 +49,7 @@ from .conformance import (
     applicable_invariants,
     replay_ops,
 )
+from .example_db import ExampleDbError, ExampleDbLocation, open_example_db
 from .harness import AdapterHung, Harness, Tally, Violation
 from .kept_cases import keep_case
 from .machine import bad_op, max_prompt_tokens, ready_contracts, unknown_request
@@ -268,7 +268,7 @@ def run_swarm(
     refine: bool = True,
     adapter: Adapter | None = None,
     isolate: bool = True,
-    example_db: Path | None = None,
+    example_db: ExampleDbLocation | None = None,
     time_budget_s: float | None = None,
     ignore: frozenset[str] = frozenset(),
     keep_going: bool = False,
@@ -373,11 +373,16 @@ def run_swarm(
     return result
 
 
-def _keep(result: Result, example_db: Path | None, name: str) -> None:
+def _keep(result: Result, example_db: ExampleDbLocation | None, name: str) -> None:
     """Keep every case the run saved in the adapter's example database, for the Hypothesis engine to replay first."""
-    database = _database(example_db, name)
-    if database is None:
+    if example_db is None or not result.cases:
         return
+    try:
+        database = open_example_db(example_db, name)
+    except ExampleDbError as exc:
+        result.findings.append({"kind": "example_db", "message": f"no case kept: {exc}"})
+        return
+    assert database is not None
     for path in result.cases:
         try:
             keep_case(database, Case.load(Path(path)))

@@ -107,3 +107,18 @@ def test_mine_conforms(kvspec_check):
         assert 'id="verdict-ref_count_matches_references"><td>ref_count_matches_references' in text
         assert '<td class="violated">violated</td>' in text
         assert text.count('<figure class="timeline"') >= 1 and "c0p1-violation-" in text
+
+
+def test_plugin_under_xdist_reports_the_pass_and_the_seeded_bug(pytester: pytest.Pytester) -> None:
+    """`pytest -n 2` (pytest-xdist): the kvspec items run in two worker processes; the correct adapter and the
+    user's own test pass, the seeded bug fails with its invariant and its saved case, whichever worker ran it."""
+    pytester.makepyfile(myalloc=BUGGY_MODULE, test_own="def test_own():\n    assert True\n")
+    result = pytester.runpytest_subprocess(
+        "-n", "2", "-p", "no:randomly", "--kvspec-adapter=reference", "--kvspec-adapter=myalloc:Factory",
+        "--kvspec-max-examples=30", "-rA",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*2 workers*", "*VIOLATED ref_count_matches_references*", "*case saved:*"])
+    result.stdout.fnmatch_lines(["*PASSED*kvspec?reference?*"])
+    cases = list((pytester.path / ".kvspec" / "cases").glob("myalloc_Factory-ref_count_matches_references-*.json"))
+    assert len(cases) == 1

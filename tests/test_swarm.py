@@ -24,7 +24,7 @@ from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli import main
 from kvspec.spec import Op, Outcome, Semantics
 from kvspec.stateful_tests import Case, replay_ops, run_check
-from kvspec.stateful_tests.conformance import _database
+from kvspec.stateful_tests.example_db import open_example_db
 from kvspec.stateful_tests.kept_cases import kept_cases
 from kvspec.stateful_tests.swarm import MOVES, SHAPES, draw_swarm, run_swarm
 
@@ -124,7 +124,7 @@ def test_a_swarm_failure_is_the_first_example_the_hypothesis_engine_runs(tmp_pat
     db = tmp_path / "db"
     found = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db)
     assert found.failure is not None
-    database = _database(db, bug.name)
+    database = open_example_db(db, bug.name)
     assert database is not None
     (kept,) = kept_cases(database)
     assert kept.ops == found.failure_ops and kept.config == found.failure_config

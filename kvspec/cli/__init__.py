@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 
-GROUPS: tuple[str, ...] = ("check", "show", "gate", "gpu", "formal", "serve", "bench", "trace")
+GROUPS: tuple[str, ...] = ("check", "show", "gate", "gpu", "formal", "serve", "bench", "trace", "report")
 """The command group modules, in the order ``kvspec --help`` lists them."""
 
 DESCRIPTION = "The `kvspec` command line."

@@ -10,9 +10,11 @@ from kvspec.adapters import AdapterFactory, AdapterLoadError, available, load
 from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report
-from kvspec.stateful_tests import PROFILES, AdapterHung, LiveTarget, Options, check_adapter, replay_ops
+from kvspec.stateful_tests import PROFILES, AdapterHung, LiveTarget, Options, replay_ops
 from kvspec.stateful_tests.dispatch import not_started
+from kvspec.stateful_tests.example_db import ExampleDbError, example_db_problem, parse_example_db
 from kvspec.stateful_tests.live import MODES
+from kvspec.stateful_tests.workers import run_workers
 
 from .common import fail, positive, unreadable, unwritable
 
@@ -58,11 +60,18 @@ def register(sub: Any) -> None:
     )
     check.add_argument(
         "--example-db",
-        type=Path,
         default=None,
-        metavar="DIR",
-        help="example database folder: failures found are kept there and replayed first by the next run "
-        "(a swarm run's cases included)",
+        metavar="DIR_OR_URL",
+        help="example database: a folder, or redis://host:port/db shared by processes and machines; failures "
+        "found are kept there and replayed first by the next run (a swarm run's cases included; docs/workers.md)",
+    )
+    check.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the check in N processes, worker i with a seed derived from --seed and i, one merged report "
+        "(docs/workers.md; default 1: this process)",
     )
     check.add_argument(
         "--full-check-every",
@@ -103,7 +112,7 @@ def _options(args: argparse.Namespace) -> Options:
         quiet=args.quiet,
         keep_going=args.keep_going,
         engine=args.engine,
-        example_db=args.example_db,
+        example_db=None if args.example_db is None else parse_example_db(args.example_db),
         full_check_every=args.full_check_every,
         live=live,
     )
@@ -114,7 +123,14 @@ def _bad_options(args: argparse.Namespace) -> str | None:
         return f"--max-examples must be at least 1, not {args.max_examples}"
     if args.full_check_every is not None and args.full_check_every < 1:
         return f"--full-check-every must be at least 1, not {args.full_check_every}"
+    if args.workers < 1:
+        return f"--workers must be at least 1, not {args.workers}"
     problem = positive("--step-timeout", args.step_timeout) or unwritable(args.report, args.junit, args.html)
+    if problem is None and args.example_db is not None:
+        try:
+            problem = example_db_problem(parse_example_db(args.example_db))
+        except ExampleDbError as exc:
+            problem = str(exc)
     if problem is None and args.html is not None:
         from kvspec.show import matplotlib_missing
 
@@ -135,7 +151,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         report.write(args.report, args.junit)
         write_html(args, report, None)
         return fail(str(exc))
-    report = check_adapter(factory, args.adapter, options)
+    report = run_workers(factory, args.adapter, options, args.workers)
     report.write(args.report, args.junit)
     write_html(args, report, factory)
     print(report.table())

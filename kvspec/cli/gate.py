@@ -31,7 +31,12 @@ def register(sub: Any) -> None:
     gate.add_argument("--safety-only", action="store_true", default=None)
     gate.add_argument("--baseline", type=Path, default=None, help="known violations (kvspec baseline add writes them)")
     gate.add_argument("--cases-dir", type=Path, default=None)
-    gate.add_argument("--example-db", type=Path, default=None, help="Hypothesis's example database folder")
+    gate.add_argument(
+        "--example-db",
+        default=None,
+        metavar="DIR_OR_URL",
+        help="example database: a folder, or redis://host:port/db shared by processes and machines",
+    )
     gate.add_argument("--no-example-db", action="store_true", help="keep no example database")
     gate.add_argument("--report", type=Path, default=None, help="the gate's JSON (kvspec/schemas/gate.schema.json)")
     gate.add_argument("--junit", type=Path, default=None)
@@ -60,6 +65,7 @@ def _config(args: argparse.Namespace) -> Any:
     """The gate as declared, with the command line's overrides; GateConfigError when it is not usable."""
     from kvspec.gate import AdapterRun, GateConfig, GateConfigError
     from kvspec.gate import config as declared
+    from kvspec.stateful_tests.example_db import parse_example_db
 
     path = args.config or declared.find(Path.cwd())
     if path is None and not args.adapter:
@@ -83,12 +89,12 @@ def _config(args: argparse.Namespace) -> Any:
         runs = [replace(config.defaults, name=name, **overrides) for name in args.adapter]
     else:
         runs = [replace(run, **overrides) for run in config.adapters]
-    paths = {
+    paths: dict[str, Any] = {
         attr: value
         for attr, value in (
             ("baseline", args.baseline),
             ("cases_dir", args.cases_dir),
-            ("example_db", args.example_db),
+            ("example_db", None if args.example_db is None else parse_example_db(args.example_db)),
             ("report", args.report),
             ("junit", args.junit),
             ("summary", args.summary),
@@ -110,15 +116,18 @@ def _bad_options(args: argparse.Namespace) -> str | None:
 def cmd_gate(args: argparse.Namespace) -> int:
     """Run the gate; write its JSON, JUnit and summary; one status line; exit 0, 1 or 2."""
     from kvspec.gate import Baseline, GateConfigError, run_gate, write_outputs
+    from kvspec.stateful_tests.example_db import ExampleDbError, example_db_problem
 
     problem = _bad_options(args)
     if problem is not None:
         return fail(problem)
     try:
         config = _config(args)
-    except GateConfigError as exc:
+    except (GateConfigError, ExampleDbError) as exc:
         return fail(str(exc))
     problem = unwritable(config.report, config.junit, config.summary, config.html)
+    if problem is None:
+        problem = example_db_problem(config.example_db)
     if problem is None and config.html is not None:
         from kvspec.show import matplotlib_missing
 

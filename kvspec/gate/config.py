@@ -34,6 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvspec.stateful_tests.example_db import ExampleDbError, ExampleDbLocation, parse_example_db
+
 CONFIG_FILES = ("kvspec.toml", "pyproject.toml")
 """Where the gate looks, in this order, in the folder it is run from."""
 
@@ -63,7 +65,7 @@ class GateConfig:
 
     adapters: tuple[AdapterRun, ...]
     cases_dir: Path = Path(".kvspec/cases")
-    example_db: Path | None = Path(".kvspec/examples")
+    example_db: ExampleDbLocation | None = Path(".kvspec/examples")  # a folder or a redis:// URL
     baseline: Path | None = None
     report: Path | None = Path(".kvspec/gate.json")
     junit: Path | None = Path(".kvspec/gate.xml")
@@ -132,13 +134,18 @@ def load(path: Path) -> GateConfig:
         if unknown:
             raise GateConfigError(f"{here}{sorted(unknown)[0]} is not a per-adapter key")
         adapters.append(_run(entry, replace(defaults, name=name), here))
-    paths: dict[str, Path | None] = {}
+    paths: dict[str, ExampleDbLocation | None] = {}
     for key, attr in _PATH_KEYS.items():
         if key in data:
             value = data[key]
             if not (isinstance(value, str) and value):  # TOML has no null: a key is a path or absent
                 raise GateConfigError(f"{where}{key} must be a path")
             paths[attr] = path.parent / value
+    if "example-db" in data and "://" in data["example-db"]:  # a Redis URL, not a path beside the file
+        try:
+            paths["example_db"] = parse_example_db(data["example-db"])
+        except ExampleDbError as exc:
+            raise GateConfigError(f"{where}example-db: {exc}") from None
     return GateConfig(adapters=tuple(adapters), source=path, defaults=defaults, **paths)  # type: ignore[arg-type]
 
 
