@@ -70,18 +70,50 @@ def test_the_whole_reachable_space_of_a_small_pool_holds_and_symmetry_only_merge
     raw = explore(TINY, 50, reduce=False)
     assert reduced.complete and raw.complete and reduced.counterexample is None
     assert reduced.depth <= raw.depth and 1 < reduced.distinct < raw.distinct
+    assert reduced.diameter == reduced.depth - 1 and raw.diameter == raw.depth - 1  # the last depth added nothing
     # Symmetry only merges: the canonical forms of the states reached without it are exactly the states with it.
-    merged = set()
-    for state in raw.tree:
-        model = spec_model(TINY)
-        for op in raw.path(state):
-            model.step(op)
-        merged.add(canonical(model, TINY))
-    assert merged == set(reduced.tree)
+    assert canonical_forms(raw) == set(reduced.tree)
     # Every safety invariant is judged on every transition; the refinement checks, which compare an
     # implementation with the spec's own step, on none (the spec is its own prediction).
     assert raw.checked["no_active_eviction"] == raw.checked["capacity_conservation"] == raw.states
     assert raw.checked["predicted_admission"] == 0
+
+
+def canonical_forms(raw: ExploreResult) -> set[object]:
+    """The canonical forms of the states a search without symmetry reduction reached (each replayed)."""
+    merged = set()
+    for state in raw.tree:
+        model = spec_model(raw.bounds)
+        for op in raw.path(state):
+            model.step(op)
+        merged.add(canonical(model, raw.bounds))
+    return merged
+
+
+@pytest.mark.parametrize(("bounds", "depth"), [(PAIR, 4), (Bounds(blocks=3, requests=1), 50)], ids=["N2R2d4", "N3R1"])
+def test_one_op_per_orbit_reaches_the_same_canonical_states_as_every_op(bounds: Bounds, depth: int) -> None:
+    """The op-orbit reduction is sound and the trie symmetry only merges, at every depth."""
+    orbit = explore(bounds, depth)
+    every = explore(bounds, depth, orbits=False)
+    raw = explore(bounds, depth, reduce=False)
+    assert orbit.states < every.states < raw.states  # fewer transitions expanded, not fewer states
+    assert orbit.layers == every.layers and set(orbit.tree) == set(every.tree)
+    assert canonical_forms(raw) == set(orbit.tree)
+    assert orbit.counterexample is None and orbit.complete == raw.complete == (depth == 50)
+
+
+def test_token_strings_are_one_state_up_to_a_renaming_of_the_trie() -> None:
+    """One prompt of two tokens is one state whatever its tokens; two prompts are two states when one
+    shares its first token with the other and the other does not (the trie's shape differs)."""
+
+    def after(*prompts: tuple[int, ...]) -> object:
+        model = spec_model(PAIR)
+        for i, p in enumerate(prompts):
+            assert model.step(Op("admit", f"r{i}", p)).outcome.status == "ok"
+        return canonical(model, PAIR)
+
+    assert after((0, 1)) == after((1, 1)) == after((1, 0)) != after((1, 0, 1))
+    assert after((0, 0), (0, 1)) == after((1, 1), (1, 0)) != after((0, 0), (1, 1))
 
 
 class SilentRelease(BlockLedger):
@@ -143,6 +175,7 @@ def test_cli_explore_report_and_case(tmp_path: Path) -> None:
     data = json.loads(report.read_text())
     formal = data["formal"]
     assert data["status"] == "passed" and formal["complete"] and formal["distinct_states"] == explore(TINY, 50).distinct
+    assert formal["diameter"] == explore(TINY, 50).diameter and "(diameter " in run.out
     assert any(r["name"] == "no_active_eviction" and r["verdict"] == "held" for r in data["invariants"])
     run = kvspec("explore", "--blocks", "2", "--requests", "1", "--depth", "2", "--adapter", "reference", "--quiet")
     assert run.code == 0 and "driven through" in run.out, run.out + run.err
