@@ -54,7 +54,7 @@ gpu-check: $(GPU_STAMP)
 formal: $(STAMP)
 	$(BIN)/kvspec bmc --blocks 3 --requests 2 --depth 3
 	$(BIN)/kvspec prove --blocks 3 --requests 2
-	$(BIN)/kvspec explore --blocks 2 --requests 1 --adapter reference --quiet
+	$(BIN)/kvspec explore --blocks 2 --requests 2 --adapter reference --quiet
 	$(BIN)/kvspec prove --engine pdr --blocks 2 --requests 1 --block-size 1 \
 		--invariant bad_input_rejected --invariant share_without_duplication
 	$(BIN)/kvspec crosshair --per-condition-timeout 1 --budget 900

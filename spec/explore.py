@@ -17,11 +17,21 @@ step of ``Semantics(eviction="lru")`` and no safety invariant reads (the Z3
 encoding leaves the same out; ``hits`` only grows).
 
 Symmetry reduction: two states that differ only by a renaming of request ids, of
-block ids, or of token values are one state. The spec cannot tell them apart: it
-compares token values and ids for equality only, and the LRU queue orders blocks by
-position, not id. A state's canonical form is the least, over every permutation of
-the requests and of the alphabet, of its description with blocks renumbered in the
-order they are met (free queue first, then each request's table).
+block ids, or of token strings are one state. A token-string renaming is an
+automorphism of the trie of all strings: at every prefix, a permutation of the next
+token's values (each prefix its own). The spec cannot tell such states apart: it reads
+token strings only through equality of prefixes (a block's key is its whole prefix),
+ids for equality only, and the LRU queue orders blocks by position, not id. A state's
+canonical form is the least, over every order of the live requests, of its
+description with blocks renumbered in the order they are met (free queue first, then
+each request's table) and its strings as the canonical form of their trie.
+
+Op-orbit reduction: of the ops from a state, one of each orbit under the renamings
+that fix the state is expanded (``Alphabet.orbit_ops``): a string that leaves the
+state's trie is taken with the least absent token and zeros after it, and only the
+first absent request is admitted. If g fixes state s, the step from s by g(op) reaches
+g(step(s, op)), whose canonical form is that of step(s, op), and breaks the same
+invariants; docs/formal.md has the argument.
 
 Bad input changes nothing, and ``validate`` reads no token of an op it rejects (the
 request's state and the op's length only): an op that is bad input in a state is
@@ -43,7 +53,7 @@ from dataclasses import dataclass, field, replace
 
 from .invariants import INVARIANTS, KeyMemory, Transition
 from .ledger import BlockLedger, LedgerModel, Step
-from .ledger.base import CacheObject, Request
+from .ledger.base import Request
 from .ops import Event, Op, Semantics
 from .symbolic import SEMANTICS, Bounds
 
@@ -109,6 +119,40 @@ class Alphabet:
             yield Op("resume", rid)
         yield Op("reset_cache")
 
+    def orbit_ops(self, model: BlockLedger) -> Iterator[Op]:
+        """One op of each orbit of :meth:`ops` under the renamings that fix ``model``'s state.
+
+        Token strings: one per orbit of the trie automorphisms that fix every string the state
+        holds (:func:`orbit_strings`). Requests: of the absent ones, only the first is admitted
+        (swapping two absent requests fixes the state). An op and its image under a renaming
+        that fixes the state lead to states with one canonical form and break the same
+        invariants, so expanding one of them is enough.
+        """
+        b = self.bounds
+        nodes = trie_nodes(model)
+        admitted = False
+        for i in range(b.requests):
+            rid = b.req_id(i)
+            req = model.requests.get(rid)
+            if req is None:
+                if not admitted:
+                    admitted = True
+                    prompts = orbit_strings(nodes, (), range(1, b.max_tokens + 1), b.alphabet)
+                    yield from (Op("admit", rid, p) for p in prompts)
+            else:
+                yield from (Op("admit", rid, p) for p in _one_per_length(self.prompts))
+            if req is not None and req.state == "running":
+                lengths = range(1, len(self.appends[-1]) + 1)
+                appends = orbit_strings(nodes, tuple(req.tokens), lengths, b.alphabet)
+            else:
+                appends = _one_per_length(self.appends)
+            yield from (Op("append", rid, a) for a in appends)
+            yield Op("release", rid, keep=True)
+            yield Op("release", rid, keep=False)
+            yield Op("preempt", rid)
+            yield Op("resume", rid)
+        yield Op("reset_cache")
+
     def size(self) -> int:
         """Ops per state when nothing is bad input (the alphabet the BMC quantifies over)."""
         return self.bounds.requests * (len(self.prompts) + len(self.appends) + 4) + 1
@@ -140,50 +184,114 @@ def _request(r: Request | None) -> object:
 
 
 def canonical(model: BlockLedger, bounds: Bounds) -> State:
-    """The least description of ``model``'s state over every renaming of requests, blocks and tokens."""
+    """The least description of ``model``'s state over every renaming of requests, blocks and token strings.
+
+    Token strings are renamed by automorphisms of the trie of all strings (a permutation of the
+    next token's values at every prefix, each prefix its own): the spec reads token strings only
+    through equality of prefixes, so such a renaming is invisible to it. Blocks are numbered in
+    the order they are met (free queue first, then each request's table); the token content is
+    the trie of every key and request string, each node carrying the blocks whose key ends there
+    and the requests whose tokens end there, in the trie's canonical form (children sorted by
+    their own canonical forms: a complete invariant of a rooted tree up to isomorphism).
+    """
     reqs = [model.requests.get(bounds.req_id(i)) for i in range(bounds.requests)]
+    live = [r for r in reqs if r is not None]
     slots = model.slots
     queue = list(model.free_queue)
-    lost = [s.key is not None and model.index.get(s.key) != sid for sid, s in enumerate(slots)]  # type: ignore[arg-type]
+    index = model.index
+    keys = [None if s.key is None else tuple(s.key) for s in slots]
+    fields = [
+        (s.ref_count, s.key is not None, s.key is not None and index.get(s.key) != sid, s.tokens)  # type: ignore[arg-type]
+        for sid, s in enumerate(slots)
+    ]
     best: State | None = None
-    live = [r for r in reqs if r is not None]
-    absent = len(reqs) - len(live)
-    for perm in itertools.permutations(range(bounds.alphabet)):
-        for order in itertools.permutations(live):
-            # Blocks renumbered in the order met: the free queue, then each request's table.
-            label: dict[int, int] = {}
-            for sid in queue:
-                label.setdefault(sid, len(label))
-            for r in order:
-                for held in r.objects:
-                    assert isinstance(held, int)
-                    label.setdefault(held, len(label))
-            rest = sorted(
-                (sid for sid in range(len(slots)) if sid not in label),
-                key=lambda sid: _slot(slots[sid], lost[sid], perm),
-            )
-            for sid in rest:
-                label[sid] = len(label)
-            by_label = sorted(label, key=label.__getitem__)
-            described = (
-                len(queue),
-                tuple(_slot(slots[sid], lost[sid], perm) for sid in by_label),
-                tuple(
-                    (r.state, tuple(perm[t] for t in r.tokens), tuple(label[o] for o in r.objects))  # type: ignore[index]
-                    for r in order
-                ),
-                absent,
-            )
-            if best is None or described < best:
-                best = described
+    for order in itertools.permutations(live):
+        label: dict[int, int] = {}
+        for sid in queue:
+            label.setdefault(sid, len(label))
+        for r in order:
+            for held in r.objects:
+                assert isinstance(held, int)
+                label.setdefault(held, len(label))
+        # A slot neither free nor held (none in the spec; a leak in a variant): by its fields.
+        for sid in sorted((sid for sid in range(len(slots)) if sid not in label), key=fields.__getitem__):
+            label[sid] = len(label)
+        by_label = sorted(label, key=label.__getitem__)
+        marks: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+        for sid, key in enumerate(keys):
+            if key is not None:
+                marks.setdefault(key, []).append((0, label[sid]))
+        for i, r in enumerate(order):
+            marks.setdefault(tuple(r.tokens), []).append((1, i))
+        described = (
+            len(queue),
+            tuple(fields[sid] for sid in by_label),
+            tuple((r.state, len(r.tokens), tuple(label[o] for o in r.objects)) for r in order),  # type: ignore[index]
+            len(reqs) - len(live),
+            trie_form(marks),
+        )
+        if best is None or described < best:
+            best = described
     assert best is not None
     return best
 
 
-def _slot(slot: CacheObject, lost: bool, perm: Sequence[int]) -> tuple[int, bool, tuple[int, ...], bool, int]:
-    """One slot's description with tokens renamed by ``perm``."""
-    content = () if slot.key is None else tuple(perm[t] for t in tuple(slot.key))
-    return (slot.ref_count, slot.key is not None, content, lost, slot.tokens)
+def trie_form(marks: dict[tuple[int, ...], list[tuple[int, int]]]) -> State:
+    """The canonical form of the trie of ``marks``' strings, each node with its sorted marks.
+
+    Two mark maps have the same form exactly when a trie automorphism (a permutation of
+    the children of every node) maps one onto the other.
+    """
+    children: dict[tuple[int, ...], set[int]] = {(): set()}
+    for string in marks:
+        for n in range(len(string)):
+            children.setdefault(string[:n], set()).add(string[n])
+            children.setdefault(string[: n + 1], set())
+
+    def form(node: tuple[int, ...]) -> State:
+        below = sorted(form((*node, t)) for t in children[node])
+        return (tuple(sorted(marks.get(node, ()))), tuple(below))
+
+    return form(())
+
+
+def trie_nodes(model: BlockLedger) -> set[tuple[int, ...]]:
+    """Every prefix of every token string ``model``'s state holds (block keys and request tokens)."""
+    strings = [tuple(s.key) for s in model.slots if s.key is not None]
+    strings += [tuple(r.tokens) for r in model.requests.values()]
+    return {string[:n] for string in strings for n in range(len(string) + 1)}
+
+
+def orbit_strings(
+    nodes: set[tuple[int, ...]], start: tuple[int, ...], lengths: range, alphabet: int
+) -> list[tuple[int, ...]]:
+    """One string of each orbit, under the trie automorphisms that fix ``nodes``, of the strings of
+    ``lengths`` tokens appended to ``start`` (a node).
+
+    Such an automorphism may permute the children of a node that are not in ``nodes``, and
+    anything below them: a string that leaves ``nodes`` at node u by token t is mapped to the
+    one that leaves by the least token absent under u and goes on with zeros.
+    """
+    out: list[tuple[int, ...]] = []
+
+    def walk(node: tuple[int, ...]) -> None:
+        took = len(node) - len(start)
+        if took in lengths:
+            out.append(node[len(start) :])
+        if took >= lengths.stop - 1:
+            return
+        absent = [t for t in range(alphabet) if (*node, t) not in nodes]
+        for t in range(alphabet):
+            if (*node, t) in nodes:
+                walk((*node, t))
+        if absent:
+            fresh = (*node, absent[0])
+            for n in range(took + 1, lengths.stop):
+                if n in lengths:
+                    out.append(fresh[len(start) :] + (0,) * (n - took - 1))
+
+    walk(start)
+    return out
 
 
 @dataclass(frozen=True)
@@ -223,6 +331,11 @@ class ExploreResult:
         return sum(self.layers)
 
     @property
+    def diameter(self) -> int:
+        """The most ops any state found needs from the empty pool (the last depth with a new state)."""
+        return max(k for k, n in enumerate(self.layers) if n)
+
+    @property
     def states_per_s(self) -> float:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
@@ -251,6 +364,7 @@ def explore(
     semantics: Semantics = SEMANTICS,
     time_limit: float | None = None,
     reduce: bool = True,
+    orbits: bool = True,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> ExploreResult:
     """Breadth-first search of every state the spec (or ``model``'s variant) reaches within ``depth`` ops.
@@ -258,12 +372,14 @@ def explore(
     Stops at the first depth whose transitions break an invariant (the counterexample is
     a shortest one), when a depth adds no new state (``complete``), at ``depth``, or at
     ``time_limit`` seconds (``timed_out``; the depth reached is the last completed one).
-    ``reduce=False`` turns symmetry reduction off (ids and tokens as they are). ``semantics``: the spec's
+    ``reduce=False`` turns symmetry reduction off (ids and tokens as they are); ``orbits=False``
+    keeps it but expands every op, not one per orbit (:meth:`Alphabet.orbit_ops`). ``semantics``: the spec's
     (block granularity, LRU; ``duplicate_keys`` may be any), unless ``model`` builds a variant of it.
     """
     root = model(bounds) if model is not None else spec_model(bounds, semantics)
     alphabet = Alphabet.of(bounds)
     key = canonical if reduce else describe
+    ops = alphabet.orbit_ops if reduce and orbits else alphabet.ops
     t0 = time.monotonic()
     deadline = None if time_limit is None else t0 + time_limit
     result = ExploreResult(bounds, depth, semantics=root.semantics, reduced=reduce)
@@ -284,7 +400,7 @@ def explore(
             here, parent = frontier.popleft()
             before, unchanged = parent.observe(), describe(parent, bounds)
             work = clone(parent)
-            for op in alphabet.ops(parent):
+            for op in ops(parent):
                 step = work.step(op)
                 after = work.observe()
                 result.states += 1

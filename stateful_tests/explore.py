@@ -157,6 +157,7 @@ def explore_report(
         "variant": variant,
         "depth_requested": result.requested,
         "depth_reached": result.depth,
+        "diameter": result.diameter,
         "complete": result.complete,
         "states": result.states,
         "distinct_states": result.distinct,

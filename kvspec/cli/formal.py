@@ -324,7 +324,11 @@ def cmd_explore(args: argparse.Namespace) -> int:
         reduce=not args.no_symmetry,
         progress=None if args.quiet else layer,
     )
-    how = "the whole reachable space" if result.complete else f"every state within depth {result.depth}"
+    how = (
+        f"the whole reachable space (diameter {result.diameter})"
+        if result.complete
+        else f"every state within depth {result.depth}"
+    )
     print(
         f"{how}: {result.distinct} distinct states, {result.states} transitions checked, "
         f"{result.seconds:.1f} s ({result.states_per_s:.0f} states/s)"
