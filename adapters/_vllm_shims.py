@@ -270,22 +270,29 @@ def hash_map_entries(pool: Any) -> Iterator[tuple[Any, tuple[Any, ...]]]:
 
 @dataclass(frozen=True)
 class QueueWalk:
-    """The free queue as its linked list says, walked from the head with a bound."""
+    """The free queue as its linked list says, walked from the head (and from the tail) with a bound."""
 
     blocks: tuple[Any, ...]
     complete: bool  # reached the fake tail within the bound
     counter: int  # the queue's own num_free_blocks
+    backward: tuple[Any, ...] = ()  # walked from the fake tail along prev_free_block, reversed
 
 
 def walk_free_queue(queue: Any, bound: int) -> QueueWalk:
-    """Follow next_free_block from the fake head for at most ``bound`` blocks."""
-    tail = queue.fake_free_list_tail
-    block = queue.fake_free_list_head.next_free_block
+    """Follow next_free_block from the fake head and prev_free_block from the fake tail, ``bound`` blocks at most."""
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    block = head.next_free_block
     seen: list[Any] = []
     while block is not None and block is not tail and len(seen) < bound:
         seen.append(block)
         block = block.next_free_block
-    return QueueWalk(tuple(seen), block is tail, int(queue.num_free_blocks))
+    complete = block is tail
+    back: list[Any] = []
+    block = tail.prev_free_block
+    while block is not None and block is not head and len(back) < bound:
+        back.append(block)
+        block = block.prev_free_block
+    return QueueWalk(tuple(seen), complete, int(queue.num_free_blocks), tuple(reversed(back)))
 
 
 _VLLM: Vllm | None = None

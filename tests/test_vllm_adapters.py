@@ -19,7 +19,7 @@ from kvspec.adapters.base import Adapter
 from kvspec.adapters.vllm_blockpool import VllmBlockPoolAdapter
 from kvspec.adapters.vllm_inprocess import VllmAdapter, VllmProjection
 from kvspec.spec import Config, Op
-from kvspec.spec.invariants import VIEW_INVARIANTS
+from kvspec.spec.invariants import HYBRID_INVARIANTS, RADIX_INVARIANTS
 from kvspec.stateful_tests import PROFILES, Options, check_adapter, replay_ops, run_check
 
 FACTORIES: dict[str, type[VllmProjection]] = {"vllm": VllmAdapter, "vllm-blockpool": VllmBlockPoolAdapter}
@@ -62,7 +62,8 @@ def test_conformance_passes(factory: Any, tmp_path: Path) -> None:
     assert report.status == "passed", [report.findings, report.error]
     assert report.adapter_version.startswith("vllm ")
     verdicts = {r["name"]: r["verdict"] for r in report.verdicts()}
-    radix = {inv.name for inv in VIEW_INVARIANTS}  # one group: no radix tree, no per-group view
+    radix = {inv.name for inv in (*RADIX_INVARIANTS, *HYBRID_INVARIANTS)}  # one group: no radix tree, no per-group view
+    assert verdicts["free_list_exact"] == "held"  # the free queue is shown (spec.free_list)
     not_held = {n: v for n, v in verdicts.items() if v != "held" and n != "adapter_contract" and n not in radix}
     assert not {n for n in not_held if not n.startswith("predicted_")}, not_held
     refinement = {v for n, v in verdicts.items() if n.startswith("predicted_")}

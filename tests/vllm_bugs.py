@@ -132,6 +132,28 @@ def _touch_keeps_queued(original: Method) -> Method:
     return touch
 
 
+def _popleft_n_keeps_link(original: Method) -> Method:
+    def popleft_n(self: Any, n: int) -> list[Any]:
+        popped: list[Any] = original(self, n)
+        if len(popped) > 1:  # vLLM 0.32 mutant kv_cache_utils#79: the last popped block keeps its next link
+            popped[-1].next_free_block = self.fake_free_list_head.next_free_block
+        return popped
+
+    return popleft_n
+
+
+def _popleft_keeps_links(original: Method) -> Method:
+    def popleft(self: Any) -> Any:
+        head = self.fake_free_list_head
+        first = head.next_free_block
+        following = first.next_free_block if first is not None else None
+        block = original(self)
+        block.prev_free_block, block.next_free_block = head, following  # mutant kv_cache_utils#50
+        return block
+
+    return popleft
+
+
 def _free_head_first(original: Method) -> Method:
     def free(self: Any, request_id: str) -> None:
         blocks = self.req_to_blocks.pop(request_id, [])
@@ -144,6 +166,7 @@ def _free_head_first(original: Method) -> Method:
 POOL = ("vllm.v1.core.block_pool", "BlockPool")
 MANAGER = ("vllm.v1.core.kv_cache_manager", "KVCacheManager")
 SINGLE = ("vllm.v1.core.single_type_kv_cache_manager", "SingleTypeKVCacheManager")
+QUEUE = ("vllm.v1.core.kv_cache_utils", "FreeKVCacheBlockQueue")
 
 VLLM_BUGS: tuple[VllmBug, ...] = (
     VllmBug(
@@ -197,6 +220,24 @@ VLLM_BUGS: tuple[VllmBug, ...] = (
         _free_head_first,
         "free() returns a request's blocks head first: the prompt's first block is evicted before its tail",
         refine=True,
+    ),
+    VllmBug(
+        "popleft-n-keeps-link",
+        "free_list_exact",
+        *QUEUE,
+        "popleft_n",
+        _popleft_n_keeps_link,
+        "popleft_n leaves the last block it pops linked to the new head: a block outside the free queue still "
+        "points into it (found by benchmarks/mutation.py: a mutant vLLM's allocator tests run here miss)",
+    ),
+    VllmBug(
+        "popleft-keeps-links",
+        "free_list_exact",
+        *QUEUE,
+        "popleft",
+        _popleft_keeps_links,
+        "popleft leaves the block it pops (the pool's null block) linked to the queue's head and next block",
+        adapter="vllm-blockpool",
     ),
 )
 

@@ -10,6 +10,7 @@ no verdict.
 
 from __future__ import annotations
 
+from .free_list import FREE_LIST_SAFETY
 from .hybrid import HYBRID_SAFETY
 from .key_memory import KeyMemory
 from .policy import POLICY
@@ -19,14 +20,24 @@ from .refinement import REFINEMENT
 from .safety import SAFETY, STATE
 from .transition import Invariant, Kind, Problems, Transition
 
-INVARIANTS: tuple[Invariant, ...] = (*HYBRID_SAFETY, *RADIX_SAFETY, *SAFETY, *REFINEMENT, *POLICY, *RADIX_POLICY)
+INVARIANTS: tuple[Invariant, ...] = (
+    *HYBRID_SAFETY,
+    *RADIX_SAFETY,
+    *SAFETY,
+    *FREE_LIST_SAFETY,
+    *REFINEMENT,
+    *POLICY,
+    *RADIX_POLICY,
+)
 """Every invariant, in the order a report names a step's broken invariants: safety first (within a kind,
 the most specific cause before the generic symptoms it also produces), then refinement, then policy (last,
 so that adding them changed no existing counterexample's first name). A new invariant is one function and
 one entry in its kind's tuple. The radix ones (spec.invariants.radix) apply only to an adapter that shows a
 RadixView; their safety checks come first, as the tree-level cause of the block-level symptoms. The hybrid
 ones (spec.invariants.hybrid) apply only to an implementation that declares several KV cache groups
-(Semantics.layout ``per_group``), and the checks that read one table per request only to the others."""
+(Semantics.layout ``per_group``), and the checks that read one table per request only to the others. The
+free-list one (spec.invariants.free_list) applies only to an adapter that shows its free list (a FreeListView);
+it comes after the ledger's safety checks, whose names it leaves first where both fire."""
 
 RADIX_INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *RADIX_POLICY)
 """The invariants over a radix tree's RadixView (spec.radix): they apply only to adapters that show one, and
@@ -36,8 +47,12 @@ HYBRID_INVARIANTS: tuple[Invariant, ...] = HYBRID_SAFETY
 """The invariants over a hybrid cache's HybridView (spec.hybrid): they apply only to adapters that declare KV
 cache groups; the block ledger's Z3 encoding has one table per request and no window, so it has no twin of them."""
 
-VIEW_INVARIANTS: tuple[Invariant, ...] = (*RADIX_INVARIANTS, *HYBRID_INVARIANTS)
-"""The invariants that read what an adapter shows beside the ledger (a RadixView or a HybridView)."""
+FREE_LIST_INVARIANTS: tuple[Invariant, ...] = FREE_LIST_SAFETY
+"""The invariant over an allocator's FreeListView (spec.free_list): it applies only to adapters that show one; the
+block ledger's Z3 encoding counts free blocks and keeps no list, so it has no twin of it."""
+
+VIEW_INVARIANTS: tuple[Invariant, ...] = (*RADIX_INVARIANTS, *HYBRID_INVARIANTS, *FREE_LIST_INVARIANTS)
+"""The invariants that read what an adapter shows beside the ledger (a RadixView, a HybridView or a FreeListView)."""
 
 ADAPTER_CONTRACT = "adapter_contract"
 """Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""
@@ -68,6 +83,7 @@ def check_state(t: Transition) -> dict[str, Problems]:
 
 __all__ = [
     "ADAPTER_CONTRACT",
+    "FREE_LIST_INVARIANTS",
     "INVARIANTS",
     "INVARIANT_NAMES",
     "HYBRID_INVARIANTS",
