@@ -33,6 +33,7 @@ ERROR_CASES: dict[str, list[str]] = {
     "bench live": ["bench", "live", "--pairs", "0"],
     "trace check": ["trace", "check", "{tmp}/missing.jsonl"],
     "trace record": ["trace", "record", "--adapter", "no-such-adapter", "--out", "{tmp}/t.jsonl"],
+    "report merge": ["report", "merge", "{tmp}/missing.json", "-o", "{tmp}/m.json"],
     "trace convert": ["trace", "convert", "{tmp}/missing.jsonl", "--to", "side-table", "--out", "{tmp}/s.jsonl"],
 }
 

@@ -26,12 +26,13 @@ from seeded_bugs import (
     SeededBug,
 )
 from sglang_bugs import SGLANG_BUGS
+from vllm_bugs import VLLM_BUGS
 from vllm_hybrid_bugs import HYBRID_BUGS
 
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.case import CASE_SCHEMA
 from kvspec.spec import INVARIANT_NAMES, INVARIANTS, Config, Op
-from kvspec.spec.invariants import ADAPTER_CONTRACT
+from kvspec.spec.invariants import ADAPTER_CONTRACT, STATE
 from kvspec.stateful_tests import PROFILES, Case, Profile, Result, Tally, Violation, replay_ops, run_check
 
 KINDS = {inv.name: inv.kind for inv in INVARIANTS}
@@ -116,9 +117,13 @@ def test_seeded_bug_is_found_shrunk_saved_and_replayed(bug: SeededBug, every: in
     assert verdict(result, bug.invariant) == "violated"
     assert result.failure.invariant == (bug.named_first or bug.invariant), result.failure
     # A whole-state invariant is judged every K-th step (and the state ones at the end): reaching that step
-    # may take up to K-1 more ops than the full check of every step needs.
-    slack = 0 if every == 1 or bug.invariant in INCREMENTAL else every - 1
-    assert len(result.failure_ops) <= bug.max_ops + slack, result.failure_ops
+    # may take up to K-1 more ops than the full check of every step needs. A transition invariant judged only
+    # on K-th steps (the policy ones) has no length bound under K: deleting one op moves the violation off a
+    # K-th step, so the shrinker can stop in a longer local minimum (12 ops for shared-aware-ranks-by-lru on a
+    # loaded CI machine, 7 here); that the case is found, named and replays is what incremental mode must keep.
+    if every == 1 or bug.invariant in INCREMENTAL | STATE:
+        slack = 0 if every == 1 or bug.invariant in INCREMENTAL else every - 1
+        assert len(result.failure_ops) <= bug.max_ops + slack, result.failure_ops
     assert not [f for f in result.findings if f["kind"] == "flaky"], result.findings
 
     assert len(result.cases) == 1
@@ -213,12 +218,14 @@ def test_every_invariant_has_a_seeded_bug() -> None:
 
     The radix invariants' bugs are seeded into SGLang's own tree (tests/sglang_bugs.py, run by
     tests/test_sglang_adapter.py where SGLang is installed), the hybrid invariants' into vLLM's hybrid
-    allocator (tests/vllm_hybrid_bugs.py, run by tests/test_vllm_hybrid.py where vLLM is installed); every
-    other invariant's into a reference."""
+    allocator (tests/vllm_hybrid_bugs.py, run by tests/test_vllm_hybrid.py where vLLM is installed), the free
+    list's into vLLM's free queue (tests/vllm_bugs.py, run by tests/test_vllm_adapters.py; the reference
+    adapters show no free list); every other invariant's into a reference."""
     targeted = (
         {bug.invariant for bug in SEEDED_BUGS}
         | {bug.invariant for bug in SGLANG_BUGS}
         | {bug.invariant for bug in HYBRID_BUGS}
+        | {bug.invariant for bug in VLLM_BUGS}
     )
     assert set(INVARIANT_NAMES) - targeted == set()
     assert targeted <= set(INVARIANT_NAMES)
