@@ -56,6 +56,25 @@ def test_a_load_burst_reaches_preemptions_and_stays_within_bounds(vllm_live_serv
     assert verdicts["cached_tokens_within_bounds"] == "held" and verdicts["cached_within_pool"] == "held"
 
 
+def publish_until_heard(ep: Endpoints, subscriber: EventSubscriber, first_token: int) -> None:
+    """Run small workloads until the subscriber has heard a live batch.
+
+    A ZMQ SUB socket joins asynchronously: batches published before its subscription reaches the
+    server are not delivered (ZMQ's "slow joiner"), so on a loaded machine one workload can end
+    before a late subscriber hears anything, and then nothing triggers its replay. The batches it
+    missed are what these tests are about; the first one it hears is what makes it ask for them.
+    """
+    for attempt in range(5):
+        start = first_token + 100 * attempt
+        with attached(ep) as adapter:
+            adapter.complete(list(range(start, start + 80)), 4)
+            adapter.settle()
+        subscriber.wait_quiet()
+        if subscriber.batches or subscriber.gaps:
+            return
+    raise AssertionError("the subscriber heard no batch in five workloads")
+
+
 def test_a_late_subscriber_gets_the_missed_batches_from_the_replay_socket(vllm_live_server: Endpoints) -> None:
     ep = vllm_live_server
     with attached(ep) as adapter:  # makes sure the server has published batches before we join
@@ -63,9 +82,7 @@ def test_a_late_subscriber_gets_the_missed_batches_from_the_replay_socket(vllm_l
         adapter.settle()
     subscriber = EventSubscriber(ep.events or "", ep.replay, topic=ep.topic, start_seq=0).start()
     try:
-        with attached(ep) as adapter:
-            adapter.complete(list(range(100, 180)), 4)
-            adapter.settle()
+        publish_until_heard(ep, subscriber, first_token=100)
         seqs = [b["seq"] for b in subscriber.batches]
         assert seqs[0] == 0 and seqs == list(range(len(seqs))), seqs
         assert subscriber.replayed > 0 and subscriber.gaps == []
@@ -77,9 +94,7 @@ def test_without_a_replay_socket_a_missed_batch_is_a_reported_gap(vllm_live_serv
     ep = vllm_live_server
     subscriber = EventSubscriber(ep.events or "", None, topic=ep.topic, start_seq=0).start()
     try:
-        with attached(ep) as adapter:
-            adapter.complete(list(range(200, 280)), 4)
-            adapter.settle()
+        publish_until_heard(ep, subscriber, first_token=200)
         assert subscriber.gaps and subscriber.gaps[0][0] == 0
     finally:
         subscriber.close()
