@@ -113,10 +113,7 @@ class Alphabet:
             yield from (Op("admit", rid, p) for p in prompts)
             appends = self.appends if state == "running" else _one_per_length(self.appends)
             yield from (Op("append", rid, a) for a in appends)
-            yield Op("release", rid, keep=True)
-            yield Op("release", rid, keep=False)
-            yield Op("preempt", rid)
-            yield Op("resume", rid)
+            yield from _lifecycle_ops(rid)
         yield Op("reset_cache")
 
     def orbit_ops(self, model: BlockLedger) -> Iterator[Op]:
@@ -147,15 +144,17 @@ class Alphabet:
             else:
                 appends = _one_per_length(self.appends)
             yield from (Op("append", rid, a) for a in appends)
-            yield Op("release", rid, keep=True)
-            yield Op("release", rid, keep=False)
-            yield Op("preempt", rid)
-            yield Op("resume", rid)
+            yield from _lifecycle_ops(rid)
         yield Op("reset_cache")
 
     def size(self) -> int:
         """Ops per state when nothing is bad input (the alphabet the BMC quantifies over)."""
         return self.bounds.requests * (len(self.prompts) + len(self.appends) + 4) + 1
+
+
+def _lifecycle_ops(rid: str) -> tuple[Op, ...]:
+    """The ops of request ``rid`` that carry no token string: both releases, preempt, resume."""
+    return (Op("release", rid, keep=True), Op("release", rid, keep=False), Op("preempt", rid), Op("resume", rid))
 
 
 def _one_per_length(strings: Sequence[tuple[int, ...]]) -> list[tuple[int, ...]]:
