@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 Prefix = tuple[int, ...]
 Node = tuple[Hashable | None, Prefix]  # a block as the index knows it: its parent's hash, its own tokens
@@ -58,6 +58,27 @@ class HashChain(Protocol):
 
 
 PublishedHash = HashChain
+
+
+class BatchEvent(Protocol):
+    """A batch's event as a typed decoder gives it: vLLM's event fields, the event's type as ``kind``.
+
+    ``kind`` is "BlockStored" (``block_hashes``, ``token_ids``, ``parent_block_hash``), "BlockRemoved"
+    (``block_hashes``) or "AllBlocksCleared".
+    """
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def block_hashes(self) -> Sequence[Hashable]: ...
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def parent_block_hash(self) -> Hashable | None: ...
+
 
 STREAM_INVARIANTS: tuple[tuple[str, str], ...] = (
     ("cached_within_pool", "safety"),
@@ -192,11 +213,11 @@ class StreamLedger:
         self.usable_blocks = usable_blocks
         self.published_hash = published_hash
         self.result = result or StreamResult()
-        self.copies: Counter[Hashable] = Counter()
+        self.copies: dict[Hashable, int] = {}  # hash -> cached copies (> 0)
         self.total = 0
         self.node: dict[Hashable, Node] = {}
         self.child: dict[Node, Hashable] = {}
-        self.kids: Counter[Hashable] = Counter()
+        self.kids: dict[Hashable, int] = {}
         self.state: dict[Hashable, Any] = {}  # the recipe's chain state of each hash in node
         # Without a recipe, the node each hash ever stood for (the only memory of a forgotten identity).
         self.identity: dict[Hashable, Node] | None = {} if published_hash is None else None
@@ -204,6 +225,7 @@ class StreamLedger:
         self.in_flight: dict[str, InFlight] = {}
         self.last_seq: int | None = None
         self.where: dict[str, Any] = {}
+        self._root = None if published_hash is None else published_hash.root()
 
     # -- the index ----------------------------------------------------------------
 
@@ -224,7 +246,7 @@ class StreamLedger:
         limit = (len(tokens) - 1) // self.block_size if tokens else 0
         n = 0
         for key in self._chain_keys(tokens, limit):
-            if self.copies[key] <= 0:
+            if self.copies.get(key, 0) <= 0:
                 break
             n += 1
         return n
@@ -262,13 +284,17 @@ class StreamLedger:
             self.copies.pop(key, None)
             if parent is None:
                 return
-            self.kids[parent] -= 1
+            self.kids[parent] = self.kids.get(parent, 0) - 1
             key = parent
 
     # -- batches and events ----------------------------------------------------------
 
-    def apply_batch(self, index: int, seq: int | None, events: Iterable[Mapping[str, Any]]) -> None:
-        """Apply one published batch (record ``index``); its seq must follow the previous one."""
+    def apply_batch(self, index: int, seq: int | None, events: Iterable[Mapping[str, Any] | BatchEvent]) -> None:
+        """Apply one published batch (record ``index``); its seq must follow the previous one.
+
+        An event is a JSON object (``{"type": "BlockStored", ...}``) or an object of the same fields with
+        its type as ``kind`` (:class:`BatchEvent`: what a typed decoder of the log gives).
+        """
         r = self.result
         self.where = {"batch": index, "seq": seq}
         r.seen["batches"] += 1
@@ -285,27 +311,42 @@ class StreamLedger:
         seen = 0
         for event in events:
             seen += 1
-            kind = event.get("type")
-            if kind == "BlockStored":
-                self._stored(event)
-            elif kind == "BlockRemoved":
-                for key in event.get("block_hashes", []):
-                    self._removed(key)
-            elif kind == "AllBlocksCleared":
-                self._cleared()
+            kind = getattr(event, "kind", None)
+            if kind is None:  # a JSON object
+                data = cast(Mapping[str, Any], event)
+                kind = data.get("type")
+                if kind == "BlockStored":
+                    self.stored(data.get("block_hashes", []), data.get("token_ids", []), data.get("parent_block_hash"))
+                elif kind == "BlockRemoved":
+                    self.removed(data.get("block_hashes", []))
+                elif kind == "AllBlocksCleared":
+                    self._cleared()
+                else:
+                    r.seen[f"unknown event {kind}"] += 1
             else:
-                r.seen[f"unknown event {kind}"] += 1
+                typed = cast(BatchEvent, event)
+                if kind == "BlockStored":
+                    self.stored(typed.block_hashes, typed.token_ids, typed.parent_block_hash)
+                elif kind == "BlockRemoved":
+                    self.removed(typed.block_hashes)
+                elif kind == "AllBlocksCleared":
+                    self._cleared()
+                else:
+                    r.seen[f"unknown event {kind}"] += 1
             if self.in_flight:
                 self._refresh_bounds()
         r.seen["events"] += seen
 
-    def _stored(self, event: Mapping[str, Any]) -> None:
+    def stored(self, keys: Sequence[Hashable], tokens: Sequence[int], parent: Hashable | None) -> None:
+        """A BlockStored: one cached copy more of each of ``keys``, the chain of blocks after ``parent``.
+
+        Each block is checked in turn (``hash_chain_agrees``, ``stored_once``, ``cached_within_pool``, in
+        that order); the counts of checks made are added once per event.
+        """
         r, bs = self.result, self.block_size
-        keys = list(event.get("block_hashes", []))
-        tokens = event.get("token_ids", [])
-        parent = event.get("parent_block_hash")
         # The prefix is known when the parent is the root or a hash the index knows.
-        known = parent is None or parent in self.node
+        node_of = self.node
+        known = parent is None or parent in node_of
         if len(tokens) != len(keys) * bs:
             r.checked["hash_chain_agrees"] += 1
             r.fail(
@@ -315,79 +356,92 @@ class StreamLedger:
             )
             known = False
         r.seen["stored"] += len(keys)
+        copies, child_of, kids, state, ever = self.copies, self.child, self.kids, self.state, self.ever
+        chain, identity, in_flight, usable = self.published_hash, self.identity, self.in_flight, self.usable_blocks
+        root = None if chain is None else self._root
+        recomputed = unjudged = 0
+        total = self.total
         for i, key in enumerate(keys):
-            node: Node | None = (parent, tuple(tokens[i * bs : (i + 1) * bs])) if known else None
-            # The whole prefix, only when an in-flight request may compute it.
-            block: Prefix | None = None
-            if node is not None and self.in_flight:
-                head = self._prefix(parent)
-                block = None if head is None else head + node[1]
-            if node is not None:
-                self._check_identity(key, node)
-            self._check_stored_once(key, block, node is not None)
-            self.copies[key] = self.copies.get(key, 0) + 1
-            self.total += 1
-            if node is not None and self.ever is not None:
-                self.ever.add(key)
-            if node is not None and key not in self.node:
-                self.node[key] = node
-                self.child.setdefault(node, key)
-                if parent is not None:
-                    self.kids[parent] += 1
-            if block is not None:
-                self._hold(key, block)
-            if self.usable_blocks is not None:
-                r.checked["cached_within_pool"] += 1
-                if self.total > self.usable_blocks:
-                    r.fail(
-                        "cached_within_pool",
-                        self.where,
-                        f"{self.total} cached blocks after storing {key} exceed the pool's {self.usable_blocks}",
-                    )
+            cached = copies.get(key, 0) > 0
+            if known:
+                own = tuple(tokens[i * bs : (i + 1) * bs])
+                node: Node = (parent, own)
+                # The whole prefix, only when an in-flight request may compute it.
+                block: Prefix | None = None
+                if in_flight:
+                    head = self._prefix(parent)
+                    block = None if head is None else head + own
+                # One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens.
+                before = node_of.get(key)
+                if before is None and identity is not None:
+                    before = identity.setdefault(key, node)
+                if before is not None and before != node:
+                    self._identity_broken(key, node)
+                elif chain is not None:
+                    base = root if parent is None else state.get(parent)
+                    if base is not None:  # else the parent's chain is not known (its own hash broke identity)
+                        recomputed += 1
+                        expected, chained = chain.child(base, own)
+                        if key not in state:
+                            state[key] = chained
+                        if expected != key:
+                            self._chain_broken(key, own, parent, expected)
+                if in_flight or cached:
+                    self._check_stored_once(key, block, cached)
+                if ever is not None:
+                    ever.add(key)
+                if key not in node_of:
+                    node_of[key] = node
+                    if node not in child_of:
+                        child_of[node] = key
+                    if parent is not None:
+                        kids[parent] = kids.get(parent, 0) + 1
+                if block is not None:
+                    self._hold(key, block)
+            elif cached:
+                unjudged += 1  # a cached hash stored with an unknown prefix: cannot tell who recomputes it
+            copies[key] = copies.get(key, 0) + 1
+            total += 1
+            if usable is not None and total > usable:
+                r.fail(
+                    "cached_within_pool",
+                    self.where,
+                    f"{total} cached blocks after storing {key} exceed the pool's {usable}",
+                )
             parent = key
-            known = node is not None and key in self.node
+            known = known and key in node_of
+        self.total = total
+        checked = r.checked
+        if recomputed:
+            checked["hash_chain_agrees"] += recomputed
+        if len(keys) > unjudged:
+            checked["stored_once"] += len(keys) - unjudged
+        if usable is not None and keys:
+            checked["cached_within_pool"] += len(keys)
 
-    def _check_identity(self, key: Hashable, node: Node) -> None:
-        """One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens."""
+    def _identity_broken(self, key: Hashable, node: Node) -> None:
         r = self.result
-        known = self.node.get(key)
-        if known is None and self.identity is not None:
-            known = self.identity.setdefault(key, node)
-        if known is not None and known != node:
-            r.checked["hash_chain_agrees"] += 1
-            r.fail(
-                "hash_chain_agrees",
-                self.where,
-                f"hash {key} stored for a {len(self._prefix(node[0]) or ()) + len(node[1])}-token prefix "
-                "it did not stand for before",
-            )
-            return
-        chain = self.published_hash
-        if chain is None:
-            return
-        parent, tokens = node
-        base = chain.root() if parent is None else self.state.get(parent)
-        if base is None:
-            return  # the parent's chain is not known (its own hash broke the identity check)
         r.checked["hash_chain_agrees"] += 1
-        expected, state = chain.child(base, tokens)
-        self.state.setdefault(key, state)
-        if expected != key:
-            r.fail(
-                "hash_chain_agrees",
-                self.where,
-                f"hash {key} published for the block of tokens ending {list(tokens[-4:])} after parent {parent}; "
-                f"its tokens and parent give {expected}",
-            )
+        r.fail(
+            "hash_chain_agrees",
+            self.where,
+            f"hash {key} stored for a {len(self._prefix(node[0]) or ()) + len(node[1])}-token prefix "
+            "it did not stand for before",
+        )
 
-    def _check_stored_once(self, key: Hashable, block: Prefix | None, known: bool) -> None:
-        """Credit the store to a request that computes ``block``; a cached hash needs such a request."""
-        r = self.result
-        cached = self.copies.get(key, 0) > 0
-        if not known:
-            if not cached:
-                r.checked["stored_once"] += 1
-            return  # the stored prefix is unknown: cannot tell who recomputes it
+    def _chain_broken(self, key: Hashable, tokens: Prefix, parent: Hashable | None, expected: Hashable) -> None:
+        self.result.fail(
+            "hash_chain_agrees",
+            self.where,
+            f"hash {key} published for the block of tokens ending {list(tokens[-4:])} after parent {parent}; "
+            f"its tokens and parent give {expected}",
+        )
+
+    def _check_stored_once(self, key: Hashable, block: Prefix | None, cached: bool) -> None:
+        """Credit the store of a known prefix to a request that computes ``block``; a cached hash needs one.
+
+        ``cached``: ``key`` had a cached copy before this store. (The check is counted by the caller.)
+        """
         fresh: list[InFlight] = []
         if block is not None:
             computing = [f for f in self.in_flight.values() if block in f.chain and f.chain[block] >= self._hits(f)]
@@ -395,9 +449,8 @@ class StreamLedger:
             fresh = [f for f in computing if f.stored[block] == 0] or [f for f in computing if not f.guarded]
             if fresh:
                 fresh[0].stored[block] += 1
-        r.checked["stored_once"] += 1
         if cached and not fresh:
-            r.fail(
+            self.result.fail(
                 "stored_once",
                 self.where,
                 f"hash {key} stored again while cached ({self.copies[key]} copies) "
@@ -418,26 +471,36 @@ class StreamLedger:
             if owners[0].chain[block] >= self._hits(owners[0]):
                 owners[0].held.add(key)
 
-    def _removed(self, key: Hashable) -> None:
+    def removed(self, keys: Iterable[Hashable]) -> None:
+        """A BlockRemoved: one cached copy less of each of ``keys`` (``removed_was_cached``, in order)."""
         r = self.result
-        r.seen["removed"] += 1
-        copies = self.copies.get(key, 0)
-        if copies <= 0 and self.ever is not None and key not in self.ever:
-            r.seen["removed before the stream was joined"] += 1
-            return
-        r.checked["removed_was_cached"] += 1
-        if copies <= 0:
-            r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
-            return
-        self.total -= 1
-        if copies > 1:
-            self.copies[key] = copies - 1
-        else:
-            del self.copies[key]
-        if self.in_flight:
-            self._check_holders({key})
-        if copies == 1:
-            self._forget(key)
+        copies, ever, node_of = self.copies, self.ever, self.node
+        removed = judged = 0
+        for key in keys:
+            removed += 1
+            left = copies.get(key, 0)
+            if left <= 0 and ever is not None and key not in ever:
+                r.seen["removed before the stream was joined"] += 1
+                continue
+            judged += 1
+            if left <= 0:
+                r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
+                continue
+            self.total -= 1
+            if left > 1:
+                copies[key] = left - 1
+                if self.in_flight:
+                    self._check_holders({key})
+                continue
+            del copies[key]
+            if self.in_flight:
+                self._check_holders({key})
+            if key in node_of and self.kids.get(key, 0) <= 0:
+                self._forget(key)
+        if removed:
+            r.seen["removed"] += removed
+        if judged:
+            r.checked["removed_was_cached"] += judged
 
     def _cleared(self) -> None:
         r = self.result
@@ -460,7 +523,7 @@ class StreamLedger:
             if not flight.guarded:
                 continue
             r.checked["in_flight_not_removed"] += 1
-            lost = sorted(str(k) for k in flight.held & gone if self.copies[k] <= 0)
+            lost = sorted(str(k) for k in flight.held & gone if self.copies.get(k, 0) <= 0)
             if lost:
                 r.fail(
                     "in_flight_not_removed",
@@ -609,9 +672,13 @@ class StreamCheck:
 
     def batch(self, batch: Mapping[str, Any]) -> None:
         """The next batch as received (its index in the stream is the count of batches before it)."""
+        self.events(batch.get("seq"), float(batch.get("ts", 0.0)), batch.get("events", []))
+
+    def events(self, seq: int | None, ts: float, events: Iterable[Mapping[str, Any] | BatchEvent]) -> None:
+        """The next batch given by its fields (:meth:`batch` of an already decoded batch)."""
         if self._upcoming is not None:
-            self._run_until(float(batch.get("ts", 0.0)))
-        self.ledger.apply_batch(self._index, batch.get("seq"), batch.get("events", []))
+            self._run_until(ts)
+        self.ledger.apply_batch(self._index, seq, events)
         self._index += 1
 
     def close(self) -> StreamResult:

@@ -19,6 +19,7 @@ from typing import Any
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 SUPPORTED_ALGOS = frozenset({"sha256"})
 MASK_64 = (1 << 64) - 1
+_sha256, _dumps = hashlib.sha256, pickle.dumps
 
 
 def sha256_pickle(obj: Any) -> bytes:
@@ -72,8 +73,9 @@ class BlockHasher:
         The stream ledger keeps each live block's digest and forgets it with the block, so the
         chain costs one hash per stored block and memory per live block (kvspec.spec.stream.HashChain).
         """
-        digest = sha256_pickle((parent, tokens, None))
-        return external(digest), digest
+        # sha256_pickle and external inlined (one stored block each; the low 64 bits are the digest's last 8 bytes)
+        digest = _sha256(_dumps((parent, tokens, None), protocol=pickle.HIGHEST_PROTOCOL)).digest()
+        return int.from_bytes(digest[-8:], "big"), digest
 
     def published(self, prefix: Sequence[int]) -> int:
         """The 64-bit hash a BlockStored event carries for the block ending ``prefix``."""

@@ -27,6 +27,7 @@ from . import values
 from .lines import Line, TraceFormatError, iter_lines, parse_line, raw_lines
 from .result import Judge, TraceInvariant, TraceViolation
 from .seen import CACHED, FREE, LEAVING, Pool, Seen, Watch, short
+from .vllm_batch import DECODE
 
 INVARIANTS: tuple[TraceInvariant, ...] = tuple(
     TraceInvariant(name, kind, "see kvspec.spec.stream") for name, kind in STREAM_INVARIANTS
@@ -148,6 +149,14 @@ def validate(line: Line) -> str | None:
     return kind
 
 
+Read = Line | tuple[int, bytes]
+"""A line of the second read: parsed (a log checked in memory) or its number and bytes, parsed if a finding needs it."""
+
+
+def _parsed(item: Read) -> Line:
+    return item if isinstance(item, Line) else parse_line(*item)
+
+
 @dataclass
 class _Place:
     """Where a finding points: its line, that line's 0-based position, and the lines before it."""
@@ -168,17 +177,26 @@ def _context_of(lines: Iterable[Line], number: int, keep: int) -> _Place | None:
 
 
 class _Located:
-    """The lines a stream finding may point at, gathered while the stream is read (never the whole log)."""
+    """The lines a stream finding may point at, gathered while the stream is read (never the whole log).
+
+    Batches are kept unparsed (``Read``) and parsed only when a finding names them.
+    """
 
     def __init__(self, lines: Callable[[], Iterable[Line]], kept: list[tuple[Line, str]], keep: int) -> None:
         self._lines, self._kept, self._keep = lines, kept, keep
-        self.batches: dict[int, _Place] = {}  # batch index -> place, for the batches that broke something
-        self.last: _Place | None = None
+        # batch index -> (line, position, lines before), for the batches that broke something
+        self.batches: dict[int, tuple[Read, int, list[Read]]] = {}
+        self.last: tuple[Read, int, list[Read]] | None = None
+
+    @staticmethod
+    def _place(found: tuple[Read, int, list[Read]]) -> _Place:
+        line, position, before = found
+        return _Place(_parsed(line), position, [_parsed(item) for item in before])
 
     def place(self, where: Mapping[str, Any]) -> _Place:
         """The n-th batch, a request by id, a snapshot by time; the last line for a gap."""
         if "batch" in where and int(where["batch"]) in self.batches:
-            return self.batches[int(where["batch"])]
+            return self._place(self.batches[int(where["batch"])])
         found: Line | None = None
         if "request" in where:
             found = next(
@@ -201,7 +219,7 @@ class _Located:
         place = None if found is None else _context_of(self._lines(), found.number, self._keep)
         if place is None:
             assert self.last is not None
-            return self.last
+            return self._place(self.last)
         return place
 
 
@@ -253,7 +271,7 @@ def _first_read(path: Path) -> FirstRead:
 
 def check(lines: list[Line], judge: Judge) -> None:
     """Check a recorded vLLM event log with the stream ledger; the first finding is the reported violation."""
-    config = _check_stream(((kind_of(line.data), line) for line in lines), lambda: lines, judge)
+    config = _check_stream(((kind_of(line.data), line) for line in lines), lambda: lines, lambda: lines, judge)
     if judge.watch is not None:  # up to and including the first violation's line, as every format
         result = judge.result
         upto = len(lines) if result.violation is None else lines.index(_line_by_number(lines, result.violation.line))
@@ -266,7 +284,7 @@ def check_path(path: Path, judge: Judge) -> None:
     The first read keeps the records that are not batches (config, requests, gauges, resets, gaps:
     they are placed by time between the batches); the second feeds the batches to the ledger one by one.
     """
-    _check_stream(_first_read(path), lambda: iter_lines(path), judge)
+    _check_stream(_first_read(path), lambda: raw_lines(path), lambda: iter_lines(path), judge)
     result = judge.result
     if result.violation is None and not result.steps and not result.checked:  # as traces._replay
         raise TraceFormatError(
@@ -274,8 +292,15 @@ def check_path(path: Path, judge: Judge) -> None:
         )
 
 
-def _check_stream(first_read: FirstRead, lines: Callable[[], Iterable[Line]], judge: Judge) -> dict[str, Any]:
-    """Both reads of the log (see check_path); the log's config."""
+def _check_stream(
+    first_read: FirstRead, second_read: Callable[[], Iterable[Read]], lines: Callable[[], Iterable[Line]], judge: Judge
+) -> dict[str, Any]:
+    """Both reads of the log (see check_path); the log's config.
+
+    The second read feeds the batches: a batch line that the typed decoder (vllm_batch.py) reads goes
+    to the ledger as decoded, any other line is parsed and validated the strict way. ``lines``: the
+    log's lines parsed, read again only to place a finding on a line that is not a batch.
+    """
     try:
         from kvspec.adapters.vllm_live.recorded import first_block_size, split_records, stream_checker
     except ImportError as exc:
@@ -310,19 +335,29 @@ def _check_stream(first_read: FirstRead, lines: Callable[[], Iterable[Line]], ju
         raise TraceFormatError(None, f"the log cannot be checked: {type(exc).__name__}: {exc}") from exc
     ledger_result = check.ledger.result
     located = _Located(lines, kept, judge.context)
-    before: deque[Line] = deque(maxlen=judge.context)
+    before: deque[Read] = deque(maxlen=judge.context)
+    violations, first_violation = ledger_result.violations, ledger_result.first_violation
     index = 0
-    for position, line in enumerate(lines()):
-        if kind_of(line.data) == "batch":
+    for position, item in enumerate(second_read()):
+        if DECODE is not None and not isinstance(item, Line) and (typed := DECODE(item[1])) is not None:
+            judge.current = item[0]
+            found = (len(violations), len(first_violation))
+            check.events(typed.seq, typed.ts, typed.events)
+        else:
+            line = _parsed(item)
+            if kind_of(line.data) != "batch":
+                located.last = (item, position, list(before))
+                before.append(item)
+                continue
             judge.at(line)
             validate(line)
-            found = (len(ledger_result.violations), len(ledger_result.first_violation))
+            found = (len(violations), len(first_violation))
             check.batch(line.data)
-            if (len(ledger_result.violations), len(ledger_result.first_violation)) != found:
-                located.batches[index] = _Place(line, position, list(before))
-            index += 1
-        located.last = _Place(line, position, list(before))
-        before.append(line)
+        if (len(violations), len(first_violation)) != found:
+            located.batches[index] = (item, position, list(before))
+        index += 1
+        located.last = (item, position, list(before))
+        before.append(item)
     judge.current = None
     stream = check.close()
     config = log.config
