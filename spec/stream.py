@@ -361,10 +361,13 @@ class StreamLedger:
         root = None if chain is None else self._root
         recomputed = unjudged = 0
         total = self.total
-        for i, key in enumerate(keys):
-            cached = copies.get(key, 0) > 0
+        # The chain state of ``parent`` (None: not known); each block's is its child's base.
+        base = root if parent is None else state.get(parent) if known else None
+        start = 0
+        for key in keys:
+            had = copies.get(key, 0)
             if known:
-                own = tuple(tokens[i * bs : (i + 1) * bs])
+                own = tuple(tokens[start : start + bs])
                 node: Node = (parent, own)
                 # The whole prefix, only when an in-flight request may compute it.
                 block: Prefix | None = None
@@ -372,25 +375,26 @@ class StreamLedger:
                     head = self._prefix(parent)
                     block = None if head is None else head + own
                 # One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens.
-                before = node_of.get(key)
+                present = node_of.get(key)
+                before = present
                 if before is None and identity is not None:
                     before = identity.setdefault(key, node)
                 if before is not None and before != node:
                     self._identity_broken(key, node)
-                elif chain is not None:
-                    base = root if parent is None else state.get(parent)
-                    if base is not None:  # else the parent's chain is not known (its own hash broke identity)
-                        recomputed += 1
-                        expected, chained = chain.child(base, own)
-                        if key not in state:
-                            state[key] = chained
-                        if expected != key:
-                            self._chain_broken(key, own, parent, expected)
-                if in_flight or cached:
-                    self._check_stored_once(key, block, cached)
+                    base = state.get(key)
+                elif chain is not None and base is not None:  # else the parent's chain is not known
+                    recomputed += 1
+                    expected, chained = chain.child(base, own)
+                    base = state.setdefault(key, chained)
+                    if expected != key:
+                        self._chain_broken(key, own, parent, expected)
+                else:
+                    base = state.get(key)
+                if in_flight or had > 0:
+                    self._check_stored_once(key, block, had > 0)
                 if ever is not None:
                     ever.add(key)
-                if key not in node_of:
+                if present is None:  # the index learns the block (``known`` stays true for its child)
                     node_of[key] = node
                     if node not in child_of:
                         child_of[node] = key
@@ -398,9 +402,9 @@ class StreamLedger:
                         kids[parent] = kids.get(parent, 0) + 1
                 if block is not None:
                     self._hold(key, block)
-            elif cached:
+            elif had > 0:
                 unjudged += 1  # a cached hash stored with an unknown prefix: cannot tell who recomputes it
-            copies[key] = copies.get(key, 0) + 1
+            copies[key] = had + 1
             total += 1
             if usable is not None and total > usable:
                 r.fail(
@@ -409,7 +413,7 @@ class StreamLedger:
                     f"{total} cached blocks after storing {key} exceed the pool's {usable}",
                 )
             parent = key
-            known = known and key in node_of
+            start += bs
         self.total = total
         checked = r.checked
         if recomputed:
