@@ -371,13 +371,19 @@ def _raised(exc: Exception) -> str:
     return f"raised {kind}: {exc}"
 
 
-def malformed(outcome: object, events: object, obs: object) -> list[str]:
-    """How the adapter's answers break the contract's types (an Outcome, a list of Events, an Observation)."""
+def _malformed_answers(outcome: object, events: object) -> list[str]:
+    """How an op's outcome and events break the contract's types (an Outcome, a list of Events)."""
     problems = []
     if not isinstance(outcome, Outcome):
         problems.append(f"returned {outcome!r}, not an Outcome")
     if not isinstance(events, list) or not all(isinstance(e, Event) for e in events):
         problems.append(f"events() returned {_short(events)}, not a list of Events")
+    return problems
+
+
+def malformed(outcome: object, events: object, obs: object) -> list[str]:
+    """How the adapter's answers break the contract's types (an Outcome, a list of Events, an Observation)."""
+    problems = _malformed_answers(outcome, events)
     if not isinstance(obs, Observation):
         return [*problems, f"observe() returned {_short(obs)}, not an Observation"]
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (obs.capacity, obs.free)):
@@ -399,8 +405,9 @@ def malformed(outcome: object, events: object, obs: object) -> list[str]:
 
 
 def malformed_delta(outcome: object, events: object, delta: ObservationDelta) -> list[str]:
-    """How a delta step's answers break the contract's types: those of :func:`malformed`, on the delta's part."""
-    problems = malformed(outcome, events, Observation(0, 0, {}, {}))
+    """How a delta step's answers break the contract's types: those of :func:`malformed`, on the delta's part
+    (the objects and requests the step changed, never the whole pool)."""
+    problems = _malformed_answers(outcome, events)
     if not isinstance(delta.free, int) or isinstance(delta.free, bool):
         problems.append(f"the delta's free {delta.free!r} must be an int")
     if not isinstance(delta.objects, Mapping) or not all(isinstance(o, ObjectView) for o in delta.objects.values()):

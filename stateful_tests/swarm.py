@@ -146,26 +146,34 @@ class Walker:
     def walk(self, steps: int) -> None:
         """``steps`` ops, each a move drawn from those enabled; raises Violation (or AdapterHung) when one breaks."""
         for _ in range(steps):
-            enabled = [m for m in self.swarm.moves if self._enabled(m)]
-            self._move(self.rng.choice(enabled))
+            self._move(self.rng.choice(self._enabled_moves()))
         self.harness.finish()
+
+    def _enabled_moves(self) -> list[str]:
+        """The walk's moves whose precondition holds now, in the swarm's order (one pass over the requests)."""
+        obs = self.harness.obs
+        states = {r.state for r in obs.requests.values()}
+        running, preempted = "running" in states, "preempted" in states
+        enabled = []
+        for move in self.swarm.moves:
+            if move in ("decode", "append_chunk", "preempt"):
+                ok = running
+            elif move == "resume":
+                ok = preempted
+            elif move in ("finish_oldest", "release"):
+                ok = bool(states)
+            elif move == "reset_cache":
+                ok = bool(obs.objects)
+            elif move == "misuse_contract":
+                ok = bool(ready_contracts(self.contracts, obs))
+            else:
+                ok = True
+            if ok:
+                enabled.append(move)
+        return enabled
 
     def _requests(self, state: str) -> list[str]:
         return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
-
-    def _enabled(self, move: str) -> bool:
-        obs = self.harness.obs
-        if move in ("decode", "append_chunk", "preempt"):
-            return any(r.state == "running" for r in obs.requests.values())
-        if move == "resume":
-            return any(r.state == "preempted" for r in obs.requests.values())
-        if move in ("finish_oldest", "release"):
-            return bool(obs.requests)
-        if move == "reset_cache":
-            return bool(obs.objects)
-        if move == "misuse_contract":
-            return bool(ready_contracts(self.contracts, obs))
-        return True
 
     def _one(self, items: Sequence[str]) -> str:
         return items[self.rng.randrange(len(items))]
