@@ -10,10 +10,14 @@ Two tables:
    engine: examples and seconds to the first counterexample, seconds including shrinking
    or minimising, the reported length, and whether the bug's invariant was named.
 
+Table 1 also measures the swarm on the reference adapter (which reports deltas) at each
+``--full-check-every`` K (default 64 and 256), isolated and in-process: the whole state is judged
+every K steps and the part each step changed between (docs/incremental.md).
+
 Writes JSON and a markdown table. ``--quick`` (CI): 20 examples per adapter and two bugs; the full run takes
 about 15 minutes on two loaded cores, most of it the Hypothesis engine's shrinking.
 
-Usage: python benchmarks/swarm.py [--quick] [--examples N] [--json OUT] [--markdown OUT]
+Usage: python benchmarks/swarm.py [--quick] [--examples N] [--full-check-every K ...] [--json OUT] [--markdown OUT]
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
 QUICK_BUGS = ("no-eviction-on-admit", "scheduler-frees-incoming-size")
 QUICK_EXAMPLES = 20
 ENGINES: dict[str, Callable[..., Result]] = {"hypothesis": run_check, "swarm": run_swarm}
+DELTA_ADAPTER = "reference"
+"""The bundled adapter that reports deltas: the one measured at each ``--full-check-every`` K."""
+FULL_CHECK_EVERY = (64, 256)
 IN_PROCESS = "swarm, in-process"
 """The swarm with the adapter in the kit's process (``isolate=False``): what the child process's pipe costs."""
 
@@ -74,45 +81,53 @@ def bare_rate(name: str, log: list[tuple[Any, list[Op]]]) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def adapter_rows(examples: int) -> list[dict[str, Any]]:
+def adapter_rows(examples: int, ks: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """One row per adapter and engine (K = 1: the whole state judged every step); then, for the adapter that
+    reports deltas (``DELTA_ADAPTER``), the swarm isolated and in-process at each K of ``ks``."""
     rows = []
-    for name in ADAPTERS:
-        for engine, run in [*ENGINES.items(), (IN_PROCESS, run_swarm)]:
-            Recorder.log = []
-            states: set[Hashable] = set()
-            originals = machine_module.Harness, swarm_module.Harness
-            machine_module.Harness = swarm_module.Harness = Recorder  # type: ignore[misc]
-            try:
-                with TemporaryDirectory() as tmp:
-                    kwargs: dict[str, Any] = {} if engine == "hypothesis" else {"states": states}
-                    if engine == IN_PROCESS:
-                        kwargs["isolate"] = False
-                    if engine == "hypothesis":
-                        machine_module.Harness = _counting(states)  # type: ignore[misc]
-                    result = run(
-                        load(name), name=name, profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp),
-                        **kwargs,
-                    )  # fmt: skip
-            finally:
-                machine_module.Harness, swarm_module.Harness = originals  # type: ignore[misc]
-            assert result.status == "passed", result.report().table()
-            checked = result.tally.steps / result.duration_s
-            bare = bare_rate(name, Recorder.log)
-            rows.append(
-                {
-                    "adapter": name,
-                    "engine": engine,
-                    "examples": result.tally.examples,
-                    "checked_steps": result.tally.steps,
-                    "seconds": round(result.duration_s, 2),
-                    "checked_steps_per_s": round(checked),
-                    "bare_steps_per_s": round(bare),
-                    "share_of_bare": round(checked / bare, 3),
-                    "abstract_states": len(states),
-                    "abstract_states_per_min": round(len(states) / result.duration_s * 60),
-                }
-            )
-            print(rows[-1], flush=True)
+    runs: list[tuple[str, str, Callable[..., Result], int]] = [
+        (name, engine, run, 1) for name in ADAPTERS for engine, run in [*ENGINES.items(), (IN_PROCESS, run_swarm)]
+    ]
+    runs += [(DELTA_ADAPTER, engine, run_swarm, k) for k in ks for engine in ("swarm", IN_PROCESS)]
+    for name, engine, run, k in runs:
+        Recorder.log = []
+        states: set[Hashable] = set()
+        originals = machine_module.Harness, swarm_module.Harness
+        machine_module.Harness = swarm_module.Harness = Recorder  # type: ignore[misc]
+        try:
+            with TemporaryDirectory() as tmp:
+                kwargs: dict[str, Any] = {} if engine == "hypothesis" else {"states": states}
+                if k > 1:
+                    kwargs["full_check_every"] = k
+                if engine == IN_PROCESS:
+                    kwargs["isolate"] = False
+                if engine == "hypothesis":
+                    machine_module.Harness = _counting(states)  # type: ignore[misc]
+                result = run(
+                    load(name), name=name, profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp),
+                    **kwargs,
+                )  # fmt: skip
+        finally:
+            machine_module.Harness, swarm_module.Harness = originals  # type: ignore[misc]
+        assert result.status == "passed", result.report().table()
+        checked = result.tally.steps / result.duration_s
+        bare = bare_rate(name, Recorder.log)
+        rows.append(
+            {
+                "adapter": name,
+                "engine": engine,
+                "full_check_every": k,
+                "examples": result.tally.examples,
+                "checked_steps": result.tally.steps,
+                "seconds": round(result.duration_s, 2),
+                "checked_steps_per_s": round(checked),
+                "bare_steps_per_s": round(bare),
+                "share_of_bare": round(checked / bare, 3),
+                "abstract_states": len(states),
+                "abstract_states_per_min": round(len(states) / result.duration_s * 60),
+            }
+        )
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -166,13 +181,18 @@ def markdown(data: dict[str, Any]) -> str:
         f"`python benchmarks/swarm.py{' --quick' if data['quick'] else ''}` on {data['machine']}; "
         f"{data['examples']} examples (walks) of the ci profile per adapter and engine.",
         "",
-        "| adapter | engine | examples | checked steps | checked steps/s | bare steps/s | share of bare "
+        "K is ``--full-check-every``: the whole state judged every K steps, the part a step changed on the "
+        "others (docs/incremental.md; the reference adapter reports deltas). The bare adapter replays the same ops "
+        "with apply, events and a full observe, in this process.",
+        "",
+        "| adapter | engine | K | examples | checked steps | checked steps/s | bare steps/s | share of bare "
         "| abstract states | states/min |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["adapters"]:
         lines.append(
-            f"| {r['adapter']} | {r['engine']} | {r['examples']} | {r['checked_steps']} | {r['checked_steps_per_s']} "
+            f"| {r['adapter']} | {r['engine']} | {r.get('full_check_every', 1)} | {r['examples']} "
+            f"| {r['checked_steps']} | {r['checked_steps_per_s']} "
             f"| {r['bare_steps_per_s']} | {r['share_of_bare']:.1%} | {r['abstract_states']} "
             f"| {r['abstract_states_per_min']} |"
         )
@@ -196,6 +216,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="CI: 20 examples per adapter, two seeded bugs")
     parser.add_argument("--examples", type=int, default=None, help="examples (walks) per adapter and engine")
+    parser.add_argument(
+        "--full-check-every",
+        type=int,
+        nargs="*",
+        default=list(FULL_CHECK_EVERY),
+        metavar="K",
+        help=f"the Ks at which the swarm on {DELTA_ADAPTER} is also measured (default: %(default)s; none: K=1 only)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.md")
     args = parser.parse_args()
@@ -205,7 +233,8 @@ def main() -> None:
         "quick": args.quick,
         "examples": examples,
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
-        "adapters": adapter_rows(examples),
+        "full_check_every": args.full_check_every,
+        "adapters": adapter_rows(examples, tuple(k for k in args.full_check_every if k > 1)),
         "seeded_bugs": bug_rows(QUICK_BUGS if args.quick else None),
     }
     jsonio.write(args.json, data)
