@@ -89,15 +89,20 @@ class Overlay(Mapping[Any, Any]):
         return self._base[key]
 
     def __contains__(self, key: object) -> bool:
+        # As ``self[key]`` not raising, without the exception on the common path (a hot lookup of the checks).
         try:
-            self[key]
-        except (KeyError, TypeError):
+            if self._old:
+                value = self._old.get(key, self)
+                if value is not self:
+                    return value is not _ABSENT
+            return key in self._base
+        except TypeError:  # an unhashable key
             return False
-        return True
 
     def __iter__(self) -> Iterator[Any]:
         if self._keys is not None:
-            return (k for k in self._keys if k in self)
+            contains = self.__contains__
+            return (k for k in self._keys if contains(k))
         if not self._old:
             return iter(self._base)
         return self._all()
