@@ -110,8 +110,11 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "Events are vLLM event objects (BlockStored of one or more blocks, BlockRemoved, AllBlocksCleared); "
             "every stored block's hash is recomputed (sha256 over pickle, vLLM's recipe). Peak RSS is the "
-            "checking process's, Python and imports included.",
+            "checking process's, Python and imports included. Batch lines are decoded straight into typed "
+            "msgspec Structs (kvspec/traces/vllm_batch.py: the shape is checked while decoding; a line it "
+            "refuses is read the strict way).",
             "",
+            *([result["note"], ""] if result.get("note") else []),
             "## How many serving instances one core can follow",
             "",
             "The rate is derived, not measured on a production server (the kit has no GPU server; its live vLLM "
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--md", type=Path, help="write a markdown table here")
     parser.add_argument("--dir", type=Path, help="where the streams are written (default: a temporary folder)")
     parser.add_argument("--from-json", type=Path, help="re-render the markdown of an earlier run's JSON")
+    parser.add_argument("--note", help="a paragraph written under the table (kept in the JSON)")
     args = parser.parse_args(argv)
     if args.from_json is not None:
         text = markdown(json.loads(args.from_json.read_text()))
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end",
         "calibration_ms": round(calibration_ms(), 1),
         "runs": runs,
+        **({"note": args.note} if args.note else {}),
     }
     if args.json:
         jsonio.write(args.json, result)
