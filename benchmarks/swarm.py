@@ -199,7 +199,12 @@ def markdown(data: dict[str, Any]) -> str:
     lines += [
         "",
         "Seeded bugs (the seeded-bug test's profile: ci with 20 steps per example; the swarm with keep-going, so "
-        "a bug whose first failing walk breaks another invariant first still counts when its own is reported):",
+        "a bug whose first failing walk breaks another invariant first still counts when its own is reported)"
+        + (
+            f"; these rows are an earlier run's ({data['seeded_bugs_from']}), not rerun with the table above:"
+            if data.get("seeded_bugs_from")
+            else ":"
+        ),
         "",
         "| bug | invariant | engine | found | examples to first | seconds to first | seconds total | reported ops |",
         "|---|---|---|---|---|---|---|---|",
@@ -224,6 +229,12 @@ def main() -> None:
         metavar="K",
         help=f"the Ks at which the swarm on {DELTA_ADAPTER} is also measured (default: %(default)s; none: K=1 only)",
     )
+    parser.add_argument(
+        "--bugs-from",
+        type=Path,
+        metavar="JSON",
+        help="take the seeded-bug table from an earlier run's JSON instead of rerunning it (the markdown says so)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.md")
     args = parser.parse_args()
@@ -235,8 +246,15 @@ def main() -> None:
         "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
         "full_check_every": args.full_check_every,
         "adapters": adapter_rows(examples, tuple(k for k in args.full_check_every if k > 1)),
-        "seeded_bugs": bug_rows(QUICK_BUGS if args.quick else None),
     }
+    if args.bugs_from is not None:
+        earlier = jsonio.load(args.bugs_from)  # read before the new JSON may replace it
+        data["seeded_bugs"], data["seeded_bugs_from"] = (
+            earlier["seeded_bugs"],
+            earlier.get("seeded_bugs_from") or f"the {args.bugs_from.name} before this run",
+        )
+    else:
+        data["seeded_bugs"] = bug_rows(QUICK_BUGS if args.quick else None)
     jsonio.write(args.json, data)
     jsonio.write_text(args.markdown, markdown(data))
     print(f"wrote {args.json} and {args.markdown}")
