@@ -178,10 +178,11 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# The swarm explorer against the Hypothesis engine",
         "",
-        f"`python benchmarks/swarm.py{' --quick' if data['quick'] else ''}` on {data['machine']}; "
+        f"`python benchmarks/swarm.py{' --quick' if data['quick'] else ''}"
+        f"{' --bugs-from docs/benchmarks/swarm.json' if data.get('seeded_bugs_from') else ''}` on {data['machine']}; "
         f"{data['examples']} examples (walks) of the ci profile per adapter and engine.",
         "",
-        "K is ``--full-check-every``: the whole state judged every K steps, the part a step changed on the "
+        "K is `--full-check-every`: the whole state judged every K steps, the part a step changed on the "
         "others (docs/incremental.md; the reference adapter reports deltas). The bare adapter replays the same ops "
         "with apply, events and a full observe, in this process.",
         "",
