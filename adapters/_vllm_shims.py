@@ -268,6 +268,62 @@ def hash_map_entries(pool: Any) -> Iterator[tuple[Any, tuple[Any, ...]]]:
             yield key, (value,)
 
 
+def cached_under(pool: Any, key: Any) -> tuple[Any, ...]:
+    """The blocks the pool's hash map holds under one key, in its own order (as ``hash_map_entries`` lists them)."""
+    cache = pool.cached_block_hash_to_block
+    raw = getattr(cache, "_cache", cache)
+    value = raw.get(key)  # .get: a 0.10 defaultdict must not grow an entry
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        return tuple(value.values())
+    return (value,)
+
+
+def block_keys(pool: Any, block: Any) -> frozenset[Any]:
+    """The keys a block is cached under: its own hash, and those the pool files under its id (0.32+ keeps a set)."""
+    keys = set(getattr(pool, "cached_block_hashes_by_block", {}).get(block.block_id, ()))
+    if block.block_hash is not None:
+        keys.add(block.block_hash)
+    return frozenset(keys)
+
+
+def is_queued(block: Any) -> bool:
+    """Whether a block's own links say it is in the free queue (the fake head and tail are blocks too)."""
+    return block.prev_free_block is not None or block.next_free_block is not None
+
+
+BLOCK_CALLS = (
+    "get_new_blocks",
+    "touch",
+    "free_blocks",
+    "cache_full_blocks",
+    "cache_partial_block",
+    "move_block_hashes",
+    "unpin_blocks",
+    "evict_blocks",
+    "_maybe_evict_cached_block",
+)
+"""The BlockPool methods that change a block's ref count, hash or queue place (each present in some release)."""
+
+
+def blocks_in(pool: Any, values: Iterable[Any]) -> Iterator[Any]:
+    """The pool's blocks among call arguments or a result: blocks, lists/tuples/sets of them (one level deeper
+    for the per-group tuples of 0.13), and block ids in a set (evict_blocks)."""
+    for value in values:
+        if hasattr(value, "ref_cnt") and hasattr(value, "block_id"):
+            yield value
+        elif isinstance(value, list | tuple | set | frozenset):
+            for item in value:
+                if isinstance(item, list | tuple):
+                    yield from blocks_in(pool, item)
+                elif isinstance(item, int) and not isinstance(item, bool) and isinstance(value, set | frozenset):
+                    if 0 <= item < len(pool.blocks):
+                        yield pool.blocks[item]
+                elif hasattr(item, "ref_cnt") and hasattr(item, "block_id"):
+                    yield item
+
+
 @dataclass(frozen=True)
 class QueueWalk:
     """The free queue as its linked list says, walked from the head (and from the tail) with a bound."""

@@ -51,8 +51,8 @@ class VllmBlockPoolAdapter(VllmProjection):
         self.block_tables = {}
         return self.vllm.pool(num_blocks, self.block_size)
 
-    def _tables(self) -> dict[str, list[Any]]:
-        return {rid: self.block_tables.get(rid, []) for rid in self.running}
+    def _table(self, rid: str) -> list[Any]:
+        return self.block_tables.get(rid, [])
 
     def _pool_reset(self) -> bool:
         return bool(self.pool.reset_prefix_cache())

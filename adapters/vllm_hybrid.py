@@ -106,6 +106,7 @@ class VllmHybridAdapter(VllmAdapter):
             semantics=semantics,
             version=f"vllm {self.vllm.version}",
             pool_scale=len(self.shape),  # each group takes a block per position
+            deltas=True,
             notes=(
                 *notes,
                 f"KV cache groups: {', '.join(_describe(s) for s in self.shape)}",
@@ -135,8 +136,8 @@ class VllmHybridAdapter(VllmAdapter):
     def _group_tables(self, rid: str) -> tuple[list[Any], ...]:
         return tuple(list(m.req_to_blocks.get(rid) or ()) for m in self.manager.coordinator.single_type_managers)
 
-    def _tables(self) -> dict[str, list[Any]]:
-        return {rid: [b for t in self._group_tables(rid) for b in t if not b.is_null] for rid in self.running}
+    def _table(self, rid: str) -> list[Any]:
+        return [b for t in self._group_tables(rid) for b in t if not b.is_null]
 
     # -- the scheduler's steps ------------------------------------------------------------
     def _settle(self, request: Any) -> None:
@@ -198,6 +199,12 @@ class VllmHybridAdapter(VllmAdapter):
             null=self.pool.null_block.block_id,
         )
         return {**super()._extra(walk), HYBRID: view}
+
+    def _delta_extra(self) -> dict[str, object] | None:
+        """The whole HybridView and free queue with every delta: the hybrid invariants compare a step's view
+        before and after it, so the view the kit keeps must be the previous step's, not that of the last full
+        observation. Building it walks the free queue and reads every running request's tables."""
+        return self._extra(shims.walk_free_queue(self.pool.free_block_queue, bound=len(self.pool.blocks) + 1))
 
 
 def _describe(shape: GroupShape) -> str:

@@ -26,12 +26,14 @@ requests waiting, and undo the tokens of a refused append.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, Literal
 
 from kvspec.adapters import _vllm_shims as shims
 from kvspec.adapters.base import Capabilities
 from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+from kvspec.spec.delta import ObservationDelta
 from kvspec.spec.free_list import FREE_LIST, FreeListView
 from kvspec.spec.ops import OP_KINDS
 
@@ -86,6 +88,18 @@ class VllmProjection:
       block twice, or lists a referenced block, shows as lost or extra capacity;
     - index = vLLM's hash map, each hash with every block cached under it;
     - request tables = vLLM's per-request block lists, tokens = the Request's own.
+
+    Deltas (``observe_delta``, spec/delta.py): what the adapter itself saw change since the last
+    observation, never a scan of the pool. Touched are the blocks of the op's request's table before and
+    after the op, and every block passed to or returned by a BlockPool call that changes a ref count, a
+    hash or a queue place (``shims.BLOCK_CALLS``, tapped on the pool instance: so the blocks a prefix hit
+    touches, those a refused allocation took, the cached free blocks popped and evicted for reuse, and the
+    shared prefix blocks whose count a release lowers); touched requests: the op's. The delta's free
+    count is the queue's own counter minus the touched-and-tracked cached free blocks (those whose links
+    say they are queued), as ``observe`` counts them on its walk. The free queue view in ``extra``
+    (``free_list_exact``, a whole-state invariant) is not in the delta: the kit reads it from the full
+    observation every K steps. None (the kit observes the whole pool): before the first observation,
+    after a reset, a ``reset_cache`` op, or an op that raised.
     """
 
     name = "vllm"
@@ -93,7 +107,9 @@ class VllmProjection:
     def __init__(self) -> None:
         self.vllm = shims.load()
         semantics, notes = declared_semantics(self.vllm)
-        self.capabilities = Capabilities(semantics=semantics, version=f"vllm {self.vllm.version}", notes=notes)
+        self.capabilities = Capabilities(
+            semantics=semantics, version=f"vllm {self.vllm.version}", notes=notes, deltas=True
+        )
         self.running: dict[str, Any] = {}  # request id -> Request holding blocks
         self.waiting: dict[str, Any] = {}  # request id -> preempted Request, holding none
         self._events: list[Event] = []
@@ -112,6 +128,18 @@ class VllmProjection:
         self._events.clear()
         self.pool: Any = self._new_pool(config.capacity + 1)
         self._tap_evictions(self.pool)
+        self._tap_block_calls(self.pool)
+        self._since_observed(whole=True)
+
+    def _since_observed(self, whole: bool = False) -> None:
+        """The last observation is where the next delta starts; ``whole``: no delta can say what changed."""
+        self._dirty: dict[int, frozenset[Any]] = {}  # block id -> the keys it was cached under when first touched
+        self._dirty_reqs: set[str] = set()
+        self._whole = whole
+        if whole:
+            self._held: set[int] = set()  # the blocks shown as objects (ref_cnt != 0 or a hash)
+            self._queued_cached: set[int] = set()  # cached ref-0 blocks in the free queue: not free capacity
+            self._tokens: dict[int, int] = {}  # block id -> tokens, as a running request's table last showed it
 
     def close(self) -> None:
         self.running.clear()
@@ -120,9 +148,13 @@ class VllmProjection:
     def _new_pool(self, num_blocks: int) -> Any:
         raise NotImplementedError
 
-    def _tables(self) -> dict[str, list[Any]]:
-        """Block table of each running request, as vLLM (or the adapter driving the pool) holds it."""
+    def _table(self, rid: str) -> list[Any]:
+        """Block table of a running request, as vLLM (or the adapter driving the pool) holds it (no null block)."""
         raise NotImplementedError
+
+    def _tables(self) -> dict[str, list[Any]]:
+        """Block table of each running request."""
+        return {rid: self._table(rid) for rid in self.running}
 
     # -- events -----------------------------------------------------------------------
     def _tap_evictions(self, pool: Any) -> None:
@@ -141,6 +173,34 @@ class VllmProjection:
             return dropped
 
         pool._maybe_evict_cached_block = tapped
+
+    def _tap_block_calls(self, pool: Any) -> None:
+        """Note every block a pool call that changes blocks is given or returns, before the call changes it.
+
+        Wraps this pool instance's own methods (those of ``shims.BLOCK_CALLS`` it has); the managers call
+        the pool through the instance, so their calls are seen too. It changes nothing.
+        """
+        for name in shims.BLOCK_CALLS:
+            original = getattr(pool, name, None)
+            if original is not None:
+                setattr(pool, name, self._noting(pool, original))
+
+    def _noting(self, pool: Any, original: Callable[..., Any]) -> Callable[..., Any]:
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            for block in shims.blocks_in(pool, (*args, *kwargs.values())):
+                self._note(pool, block)
+            out = original(*args, **kwargs)
+            if isinstance(out, list):
+                for block in shims.blocks_in(pool, (out,)):
+                    self._note(pool, block)
+            return out
+
+        return noted
+
+    def _note(self, pool: Any, block: Any) -> None:
+        """A block the step touched; the keys it was cached under at its first touch since the last observation."""
+        if not block.is_null and block.block_id not in self._dirty:
+            self._dirty[block.block_id] = shims.block_keys(pool, block)
 
     def _schedule(self, request: Any) -> Outcome:
         """Admit one Request; each adapter does it the way its layer of vLLM does."""
@@ -215,10 +275,19 @@ class VllmProjection:
             return Outcome.invalid(problem)
         self._event_kind = "reclaim" if op.op in ("release", "reset_cache") else "evict"
         if op.op == "reset_cache":
+            self._whole = True  # any block may lose its hash
             return self._reset_cache()
         assert op.req is not None
-        handler = getattr(self, f"_{op.op}")
-        outcome: Outcome = handler(op.req, op)
+        self._dirty_reqs.add(op.req)
+        if op.req in self.running:
+            for block in self._table(op.req):
+                self._note(self.pool, block)
+        try:
+            handler = getattr(self, f"_{op.op}")
+            outcome: Outcome = handler(op.req, op)
+        except BaseException:
+            self._whole = True  # what it changed before it raised is unknown
+            raise
         return outcome
 
     # -- projection ---------------------------------------------------------------------------
@@ -245,6 +314,72 @@ class VllmProjection:
             FREE_LIST: free_list,
         }
 
+    def observe_delta(self) -> ObservationDelta | None:
+        """The blocks, index keys and requests the ops since the last observation touched, as they are now.
+
+        Invariant: applied to the last observation (or the one its deltas since then built) it gives
+        ``observe()`` (the extra aside, see the class docstring); None where it cannot say.
+        """
+        if self._whole:
+            return None
+        pool, bs = self.pool, self.block_size
+        tokens_in: dict[int, int] = {}
+        requests: dict[str, RequestView] = {}
+        dropped_requests: set[str] = set()
+        for rid in self._dirty_reqs:
+            if rid in self.running:
+                request, table = self.running[rid], self._table(rid)
+                for block in table:
+                    self._note(pool, block)
+                ids, held = self._request_blocks(rid, request, table)
+                tokens_in.update(held)
+                requests[rid] = RequestView(rid, tuple(request.all_token_ids), request.num_prompt_tokens, ids)
+            elif rid in self.waiting:
+                w = self.waiting[rid]
+                requests[rid] = RequestView(rid, tuple(w.all_token_ids), w.num_prompt_tokens, (), "preempted")
+            else:
+                dropped_requests.add(rid)
+        objects: dict[int, ObjectView] = {}
+        dropped: set[int] = set()
+        keys: set[Any] = set()
+        for oid, was in self._dirty.items():
+            block = pool.blocks[oid]
+            keys |= was | shims.block_keys(pool, block)
+            if block.ref_cnt != 0 or block.block_hash is not None:
+                tokens: int | None = tokens_in.get(oid)
+                if tokens is None:  # no longer the op's request's: another holder's count (a full block), else bs
+                    tokens = self._tokens.get(oid, bs) if block.ref_cnt > 0 else bs
+                self._tokens[oid] = tokens
+                objects[oid] = ObjectView(oid, 1, tokens, block.ref_cnt, block.block_hash)
+                self._held.add(oid)
+            else:
+                self._tokens.pop(oid, None)
+                if oid in self._held:
+                    dropped.add(oid)
+                    self._held.discard(oid)
+            if block.ref_cnt == 0 and block.block_hash is not None and shims.is_queued(block):
+                self._queued_cached.add(oid)
+            else:
+                self._queued_cached.discard(oid)
+        index: dict[Any, tuple[Any, ...]] = {}
+        dropped_keys: set[Any] = set()
+        for key in keys:
+            under = shims.cached_under(pool, key)
+            if under:
+                index[key] = tuple(b.block_id for b in under)
+            else:
+                dropped_keys.add(key)
+        free = int(pool.free_block_queue.num_free_blocks) - len(self._queued_cached)
+        self._since_observed()
+        return ObservationDelta(
+            free, objects, frozenset(dropped), requests, frozenset(dropped_requests), index, frozenset(dropped_keys),
+            self._delta_extra(),
+        )  # fmt: skip
+
+    def _delta_extra(self) -> dict[str, object] | None:
+        """The extra a delta carries: None, the free queue view is judged on full observations only."""
+        return None
+
     def observe(self) -> Observation:
         pool, bs = self.pool, self.block_size
         tables = self._tables()
@@ -264,6 +399,9 @@ class VllmProjection:
         walk = shims.walk_free_queue(pool.free_block_queue, bound=len(pool.blocks) + 1)
         cached_free = sum(1 for b in walk.blocks if b.block_hash is not None and b.ref_cnt == 0)
         index = {key: tuple(b.block_id for b in blocks) for key, blocks in shims.hash_map_entries(pool)}
+        self._since_observed(whole=True)
+        self._whole, self._held, self._tokens = False, set(objects), tokens_in
+        self._queued_cached = {b.block_id for b in walk.blocks if b.block_hash is not None and b.ref_cnt == 0}
         return Observation(
             pool.num_gpu_blocks - 1, walk.counter - cached_free, objects, requests, index, self._extra(walk)
         )
@@ -278,9 +416,8 @@ class VllmAdapter(VllmProjection):
         self.manager = self.vllm.manager(num_blocks, self.block_size, self.max_model_len)
         return self.manager.block_pool
 
-    def _tables(self) -> dict[str, list[Any]]:
-        tables: dict[str, list[Any]] = self.manager.coordinator.single_type_managers[shims.GROUP].req_to_blocks
-        return {rid: list(tables.get(rid) or ()) for rid in self.running}
+    def _table(self, rid: str) -> list[Any]:
+        return list(self.manager.coordinator.single_type_managers[shims.GROUP].req_to_blocks.get(rid) or ())
 
     def _pool_reset(self) -> bool:
         return bool(self.manager.reset_prefix_cache())

@@ -14,6 +14,7 @@ adapter or test id, and the fixture's cases go under the test's own ``tmp_path``
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -45,6 +46,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--kvspec-step-timeout", type=float, default=30.0, help="seconds before an adapter call counts as hung"
     )
     group.addoption(
+        "--kvspec-full-check-every",
+        type=_positive,
+        default=None,
+        metavar="K",
+        help="adapters that report deltas: check each step's changed part and the whole state every K steps "
+        "(default: the profile's; 1: the whole state every step; docs/incremental.md)",
+    )
+    group.addoption(
         "--kvspec-vllm-url", default=None, help="vllm_live_server: use this running server, not the kit's tiny one"
     )
     group.addoption("--kvspec-vllm-events", default=None, help="vllm_live_server: its KV event PUB endpoint")
@@ -55,6 +64,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="write a failing check as one HTML page here, each case drawn as a block timeline (kvspec[show])",
     )
+
+
+def _positive(text: str) -> int:
+    """A count of at least 1 (argparse type: a bad value is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of steps, at least 1, not {text!r}")
+    return value
 
 
 class ConformanceFailure(Exception):
@@ -116,6 +136,7 @@ def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path
         max_examples=config.getoption("--kvspec-max-examples"),
         cases_dir=cases_dir,
         step_timeout=config.getoption("--kvspec-step-timeout"),
+        full_check_every=config.getoption("--kvspec-full-check-every"),
         scenarios=False,
         live=LiveTarget(
             url=config.getoption("--kvspec-vllm-url"),

@@ -79,6 +79,29 @@ def test_registry_finds_a_third_party_entry_point(monkeypatch: pytest.MonkeyPatc
     assert registry.load("their-engine") is ReferencePagedAdapter
 
 
+def test_plugin_full_check_every_reaches_the_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--kvspec-full-check-every K`` is the run's K (the report says so, and whole-state checks ran every K
+    steps); without it the profile's K (1) holds; a K below 1 is a usage error."""
+    pytester.makepyfile(
+        test_k="""
+import os
+
+def test_k(kvspec_check):
+    report = kvspec_check("reference").to_json()
+    want = int(os.environ["WANT_K"])
+    assert report["full_check_every"] == want, report["full_check_every"]
+    assert (report["full_checks"] > 0) == (want > 1), report["full_checks"]
+""",
+    )
+    for flags, want in (([], "1"), (["--kvspec-full-check-every=6"], "6")):
+        monkeypatch.setenv("WANT_K", want)
+        result = pytester.runpytest("--kvspec-max-examples=10", *flags)
+        result.assert_outcomes(passed=1)
+    result = pytester.runpytest("--kvspec-full-check-every=0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kvspec-full-check-every*at least 1*"])
+
+
 def test_plugin_writes_a_failing_check_as_a_page(pytester: pytest.Pytester) -> None:
     """``--kvspec-html DIR``: the failing item's run as DIR/<adapter>.html with its case drawn, and the fixture's
     failing check as DIR/<test id>.html; a passing check writes nothing."""
