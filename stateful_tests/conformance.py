@@ -205,7 +205,7 @@ def run_check(
     profile: Profile,
     seed: int | None = None,
     max_examples: int | None = None,
-    cases_dir: Path = Path(".kvspec/cases"),
+    cases_dir: Path | str = Path(".kvspec/cases"),
     step_timeout: float | None = 30.0,
     progress: Callable[[Tally], None] | None = None,
     extra_cases: Sequence[Case] = (),
@@ -235,6 +235,7 @@ def run_check(
     ``full_check_every``: K (None: the profile's); adapters that report deltas are judged on the whole
     state every K steps and at the end of each example, on the part a step changed between.
     """
+    cases_dir = Path(cases_dir)  # a str from a caller would otherwise fail only when a case is saved
     t0 = time.perf_counter()
     if example_db is not None and seed is None and profile.derandomize:
         seed = 0  # Hypothesis keeps no database for a derandomized run; a fixed seed is as repeatable

@@ -83,3 +83,17 @@ def test_given_cases_run_before_the_random_phase(tmp_path: Path) -> None:
     assert result.tally.examples == 1  # found by the given case, before any random example
     assert result.failure is not None and result.failure_ops == case.ops
     assert "ref_count_matches_references" in result.failure.failures
+
+
+def test_a_cases_dir_given_as_a_string_keeps_the_case(tmp_path: Path) -> None:
+    case = Case("leaky", Config(capacity=4, block_size=2), [Op("admit", "r0", (1, 2, 3)), Op("release", "r0")])
+    folder = tmp_path / "cases"
+    result = run_check(
+        lambda: ReferencePagedAdapter(lambda c: LeakyPool(c.capacity, c.block_size)),
+        name="leaky",
+        profile=PROFILES["ci"],
+        cases_dir=str(folder),
+        extra_cases=[case],
+    )
+    assert result.exit_code == 1
+    assert result.cases and Path(result.cases[0]).parent == folder and Path(result.cases[0]).exists()
