@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
         "--time-limit",
         type=float,
         default=None,
-        help="give up after this many seconds (--engine pdr: per invariant, default 60)",
+        help="give up after this many seconds (--engine pdr: per invariant, a hard wall-clock stop, default 60)",
     )
     prove.add_argument(
         "--engine",
@@ -245,6 +245,8 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 
     def show(p: PdrProof) -> None:
         verdict = {"proved": "proved", "violated": "VIOLATED"}.get(p.verdict, "unknown")
+        if p.timed_out:
+            verdict += " (time limit)"
         if p.verdict == "proved":
             verdict += ", inductive invariant checked" if p.checked else ", NOT confirmed by the independent check"
         print(f"  {p.invariant:<30} {verdict:<48} {p.seconds:6.1f} s  {p.note}", flush=True)
@@ -273,7 +275,7 @@ def _prove_pdr(args: argparse.Namespace) -> int:
             path = Case("reference", bounds.config, p.counterexample.ops, expected).save(args.cases_dir)
             print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
             cases.append(str(path))
-    report = pdr_report(bounds, proofs, started_at=started, cases=cases)
+    report = pdr_report(bounds, proofs, started_at=started, time_limit=limit, cases=cases)
     report.write(args.report, args.junit)
     return report.exit_code
 
