@@ -36,15 +36,17 @@ import json
 import multiprocessing
 import signal
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 
 import z3
 
-from .bmc import Counterexample, bmc
+from .bmc import Counterexample, Lemmas, bmc, inductive_lemmas
 from .symbolic import Bounds, Encoding, SymTransition, Term
 from .symbolic_invariants import SAFETY
+
+DIRECTIONS = ("forward", "backward")
 
 
 @dataclass
@@ -99,6 +101,9 @@ def prove_pdr(
     *,
     variant: type[Encoding] | None = None,
     time_limit: float = 60.0,
+    options: Mapping[str, bool | int | str] | None = None,
+    lemmas: bool = False,
+    direction: str = "forward",
     progress: Callable[[PdrProof], None] | None = None,
 ) -> list[PdrProof]:
     """Each selected safety invariant proved for every depth of the bounded pool by Spacer, or refuted, or unknown.
@@ -106,17 +111,28 @@ def prove_pdr(
     ``time_limit``: wall-clock seconds Spacer may spend on each invariant, building the
     query included; the child running it is killed then (the independent check of a
     proof and the BMC's decoding of a violation run after it, in this process).
+    ``options``: Z3 Fixedpoint parameters set on each query (e.g. ``{"spacer.ground_pobs": False}``).
+    ``lemmas``: first find the auxiliary conjuncts that are inductive (``spec.bmc.inductive_lemmas``,
+    plain Z3 queries, within ``time_limit``) and give them to Spacer as facts of every
+    state it reasons about; a proof's inductive invariant is then the lemmas and Spacer's
+    invariant together, and the independent check proves all of it again.
+    ``direction``: ``forward`` (Spacer's ``Inv`` of the reachable states) or ``backward``
+    (its over-approximation of the states from which a violation is reachable; Spacer then
+    searches forward from the empty pool and refutes faster): see :class:`Query`.
     """
     names = list(SAFETY) if invariants is None else list(invariants)
     unknown = [n for n in names if n not in SAFETY]
     if unknown:
         raise ValueError(f"unknown invariant(s) {unknown}; known: {', '.join(SAFETY)}")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(DIRECTIONS)}, not {direction!r}")
     if not time_limit > 0:
         raise ValueError(f"the time limit must be a positive number of seconds, not {time_limit}")
     enc = (variant or Encoding)(replace(bounds, arith="int"))
+    assumed = inductive_lemmas(enc, time.monotonic() + time_limit) if lemmas else None
     out = []
     for name in names:
-        proof = _prove_in_child(enc, name, time_limit)
+        proof = _prove_in_child(Query(enc, name, direction, dict(options or {}), assumed), time_limit)
         if proof.verdict == "violated":
             found = bmc(bounds, 12, variant=variant, invariants=[name], time_limit=max(time_limit, 60.0))
             proof.counterexample = found.counterexample
@@ -128,16 +144,74 @@ def prove_pdr(
     return out
 
 
-def _prove_in_child(enc: Encoding, name: str, time_limit: float) -> PdrProof:
-    """Spacer's verdict on ``name`` from a child forked for it, killed after ``time_limit`` s of wall clock.
+@dataclass(frozen=True)
+class Query:
+    """One invariant's Horn clauses for Spacer, on ``enc``, in one ``direction``.
+
+    ``forward``: ``Inv`` holds of the empty pool and is closed under steps; query: a state
+    of ``Inv`` with a step breaking P. ``backward``: ``Bad`` holds of each state with a
+    step breaking P and is closed under predecessors; query: the empty pool is in
+    ``Bad``. Spacer works from the query back, so backward it searches forward from the
+    empty pool, where every state on the way is concrete (it finds bugs faster); a
+    backward proof's ``Bad`` excludes the empty pool, and its complement is then an
+    inductive invariant implying P. ``assumed``: lemmas true in every reachable state,
+    added to every step's body (restricting steps to such states leaves what is
+    reachable, and what can reach a violation from a reachable state, as it is).
+    ``options``: Z3 Fixedpoint parameters.
+    """
+
+    enc: Encoding
+    invariant: str
+    direction: str = "forward"
+    options: Mapping[str, bool | int | str] = field(default_factory=dict)
+    assumed: Lemmas | None = None
+
+    def solve(self) -> dict[str, str]:
+        """Spacer's verdict, a note, and (proved) the inductive invariant as SMT-LIB text."""
+        enc, name, direction, assumed = self.enc, self.invariant, self.direction, self.assumed
+        s, op = enc.state("s"), enc.op("o")
+        terms = s.terms()
+        step = enc.step(s, op)
+        after = step.after.terms()
+        domain = z3.And(enc.op_domain(op), *([] if assumed is None else [assumed.on(s)]))
+        broken = z3.Not(SAFETY[name](enc, SymTransition(s, op, step)))
+        fp = z3.Fixedpoint()
+        fp.set(engine="spacer")
+        for key, value in self.options.items():
+            fp.set(key, value)
+        fp.declare_var(*terms, *op.terms())
+        relation = z3.Function(f"{direction}_{name}", *[t.sort() for t in terms], z3.BoolSort())
+        fp.register_relation(relation)
+        if direction == "forward":
+            fp.rule(relation(*enc.initial().terms()))
+            fp.rule(relation(*after), [relation(*terms), domain])
+            answer = fp.query(z3.And(relation(*terms), domain, broken))
+        else:
+            fp.rule(relation(*terms), [domain, broken])
+            fp.rule(relation(*terms), [domain, relation(*after)])
+            answer = fp.query(relation(*enc.initial().terms()))
+        if answer == z3.sat:
+            return {"verdict": "violated", "note": ""}
+        if answer != z3.unsat:
+            return {"verdict": "unknown", "note": f"Spacer: {fp.reason_unknown()}"}
+        cover = z3.substitute_vars(fp.get_cover_delta(-1, relation), *terms)  # the lemmas at the fixpoint
+        if direction == "forward":
+            inductive = cover
+        else:  # a Bad that Z3 removed while simplifying (no step breaks P) has no lemmas: its cover reads true
+            inductive = z3.Not(_interpretation(fp.get_answer(), relation, terms) if z3.is_true(cover) else cover)
+        return {"verdict": "proved", "note": "", "inductive": inductive.sexpr()}
+
+
+def _prove_in_child(query: Query, time_limit: float) -> PdrProof:
+    """Spacer's verdict on ``query`` from a child forked for it, killed after ``time_limit`` s of wall clock.
 
     A proof's inductive invariant comes back as SMT-LIB text and is checked here, on what
     crossed the pipe, by :func:`check_inductive`.
     """
-    t0 = time.monotonic()
+    t0, enc, name = time.monotonic(), query.enc, query.invariant
     ctx = multiprocessing.get_context("fork")  # the encoding (and a variant class defined anywhere) is inherited
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_answer, args=(enc, name, send), daemon=True, name=f"kvspec-spacer-{name}")
+    child = ctx.Process(target=_answer, args=(query, send), daemon=True, name=f"kvspec-spacer-{name}")
     child.start()
     send.close()
     raw: bytes | None = None
@@ -160,46 +234,49 @@ def _prove_in_child(enc: Encoding, name: str, time_limit: float) -> PdrProof:
     answer = json.loads(raw)
     if answer["verdict"] != "proved":
         return PdrProof(name, answer["verdict"], seconds, note=answer["note"])
-    terms = enc.state("s").terms()
-    inductive = _parse(answer["inductive"], terms)
+    s = enc.state("s")
+    inductive = _parse(answer["inductive"], s.terms())
+    if query.assumed is not None:
+        inductive = z3.And(query.assumed.on(s), inductive)
     checked = check_inductive(enc, SAFETY[name], inductive)
     note = "" if checked else "the invariant Spacer returned failed the independent check"
     return PdrProof(name, "proved", seconds, inductive, checked, note=note)
 
 
-def _answer(enc: Encoding, name: str, send: Connection) -> None:
-    """In the child: Spacer's answer on ``name`` as one JSON message (a plain-data dict)."""
+def _answer(query: Query, send: Connection) -> None:
+    """In the child: Spacer's answer to ``query`` as one JSON message (a plain-data dict)."""
     with contextlib.suppress(Exception):  # die with the parent (Linux), so a killed kit leaves no solver running
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     try:
-        answer = _query(enc, name)
+        answer = query.solve()
     except Exception as exc:  # anything Z3 raises is Spacer's failure to answer, not the kit's
         answer = {"verdict": "unknown", "note": f"Spacer failed: {exc}"}
     send.send_bytes(json.dumps(answer).encode())
     send.close()
 
 
-def _query(enc: Encoding, name: str) -> dict[str, str]:
-    """Spacer on the three Horn clauses of ``name``: verdict, note, and (proved) the inductive invariant as SMT-LIB."""
-    s, op = enc.state("s"), enc.op("o")
-    step = enc.step(s, op)
-    terms = s.terms()
-    relation = z3.Function(f"Inv_{name}", *[t.sort() for t in terms], z3.BoolSort())
-    fp = z3.Fixedpoint()
-    fp.set(engine="spacer")
-    fp.register_relation(relation)
-    fp.declare_var(*terms, *op.terms())
-    domain = enc.op_domain(op)
-    fp.rule(relation(*enc.initial().terms()))
-    fp.rule(relation(*step.after.terms()), [relation(*terms), domain])
-    bad = z3.And(relation(*terms), domain, z3.Not(SAFETY[name](enc, SymTransition(s, op, step))))
-    answer = fp.query(bad)
-    if answer == z3.sat:
-        return {"verdict": "violated", "note": ""}
-    if answer != z3.unsat:
-        return {"verdict": "unknown", "note": f"Spacer: {fp.reason_unknown()}"}
-    cover = fp.get_cover_delta(-1, relation)
-    return {"verdict": "proved", "note": "", "inductive": z3.substitute_vars(cover, *terms).sexpr()}
+def _interpretation(answer: Term, relation: z3.FuncDeclRef, terms: Sequence[Term]) -> Term:
+    """The formula Spacer's solution ``answer`` gives ``relation``, over ``terms`` (its arguments in order).
+
+    The solution is ``ForAll(xs, relation(xs) == phi)`` (a conjunction of those, one per
+    relation). Where Spacer searched, its lemmas at the fixpoint (``get_cover_delta``) are
+    the compact form; a relation Z3 removed while simplifying the clauses has no lemmas (its
+    cover reads ``true``) and only the answer says what it is (``false``).
+    """
+    parts = answer.children() if z3.is_and(answer) else [answer]
+    for part in parts:
+        body = part.body() if z3.is_quantifier(part) else part
+        if z3.is_eq(body) and z3.is_app_of(body.arg(0), relation.kind()) and body.arg(0).decl() == relation:
+            head, phi = body.arg(0), body.arg(1)
+        elif z3.is_app(body) and body.decl() == relation:  # relation(xs) is true everywhere
+            head, phi = body, z3.BoolVal(True)
+        elif z3.is_not(body) and body.arg(0).decl() == relation:  # relation is empty
+            head, phi = body.arg(0), z3.BoolVal(False)
+        else:
+            continue
+        by_index: dict[int, Term] = {z3.get_var_index(a): t for a, t in zip(head.children(), terms, strict=True)}
+        return z3.substitute_vars(phi, *[by_index[i] for i in range(len(by_index))])
+    raise ValueError(f"Spacer's answer gives no interpretation of {relation.name()}: {answer}")
 
 
 def _parse(text: str, terms: Sequence[Term]) -> Term:
@@ -209,4 +286,4 @@ def _parse(text: str, terms: Sequence[Term]) -> Term:
     return term
 
 
-__all__ = ["PdrProof", "check_inductive", "prove_pdr"]
+__all__ = ["DIRECTIONS", "PdrProof", "Query", "check_inductive", "prove_pdr"]

@@ -144,6 +144,7 @@ def pdr_report(
     *,
     started_at: str,
     time_limit: float,
+    direction: str = "forward",
     cases: Sequence[str] = (),
 ) -> Report:
     """One row per invariant Spacer was asked about: held once proved (and checked), violated, or unknown
@@ -168,6 +169,7 @@ def pdr_report(
                 "engine": "pdr",
                 "bounds": bounds.to_json(),
                 "time_limit_s": time_limit,
+                "direction": direction,
                 "invariants": {
                     p.invariant: {
                         "verdict": p.verdict,

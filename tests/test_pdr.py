@@ -6,6 +6,9 @@ limit. A query Spacer cannot answer in two seconds (tail_rounding at N=3, R=1, B
 after 60 s, docs/formal.md) must come back unknown, marked as stopped by the time limit,
 soon after the limit, with no solver process left behind; the CLI says so and exits 2 (not
 proved within the limits, report.py's contract), and its report records it.
+
+Backward (``--direction backward``), Spacer's relation is the states from which a violation
+is reachable: a proof is its complement, checked like a forward one; a refutation is a case.
 """
 
 from __future__ import annotations
@@ -55,3 +58,27 @@ def test_the_cli_prints_the_time_limit_and_exits_could_not_run(tmp_path: Path) -
     run = kvspec(*args, "--time-limit", "0")
     assert run.code == ExitCode.COULD_NOT_RUN and run.err.startswith("kvspec:"), run.err
     assert len(run.err.strip().splitlines()) == 1, run.err
+
+
+SMALLEST = Bounds(blocks=2, requests=1, block_size=1)
+
+
+def test_a_backward_proof_is_the_complement_of_what_can_reach_a_violation_and_is_checked() -> None:
+    """Backward, Spacer's relation over-approximates the states from which a violation is reachable;
+    its complement is the inductive invariant, and the independent check proves that of it."""
+    proofs = prove_pdr(SMALLEST, ["bad_input_rejected", "atomic_failure"], time_limit=60, direction="backward")
+    for p in proofs:
+        assert p.proved and p.inductive is not None, p
+
+
+def test_the_cli_refutes_a_variant_backward_and_saves_the_case(tmp_path: Path) -> None:
+    cases = tmp_path / "cases"
+    args = ["prove", "--engine", "pdr", "--blocks", "2", "--requests", "1", "--block-size", "1"]
+    args += ["--invariant", "bad_input_rejected", "--direction", "backward", "--cases-dir", str(cases)]
+    run = kvspec(*args, "--variant", "symbolic_bugs:SilentDoubleRelease")
+    assert run.code == ExitCode.VIOLATED and "VIOLATED" in run.out and "backward" in run.out, run.out + run.err
+    (saved,) = cases.glob("*.json")
+    expected = json.loads(saved.read_text())["expected"]
+    assert expected["invariant"] == "bad_input_rejected" and expected["variant"] == "symbolic_bugs:SilentDoubleRelease"
+    run = kvspec("prove", "--variant", "symbolic_bugs:SilentDoubleRelease")
+    assert run.code == ExitCode.COULD_NOT_RUN and len(run.err.strip().splitlines()) == 1, run.err

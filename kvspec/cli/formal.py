@@ -69,6 +69,19 @@ def register(subparsers: Any) -> None:
         default="k-induction",
         help="k-induction with the auxiliary invariants (default), or pdr: Z3's Spacer, nothing assumed",
     )
+    prove.add_argument(
+        "--variant",
+        default=None,
+        metavar="MODULE:CLASS",
+        help="--engine pdr: prove (or refute) on a variant of the spec's encoding, as kvspec bmc --variant",
+    )
+    prove.add_argument(
+        "--direction",
+        choices=("forward", "backward"),
+        default="forward",
+        help="--engine pdr: Spacer over the reachable states (forward, default) or over the states that can "
+        "reach a violation (backward: searches from the empty pool, finds violations sooner)",
+    )
     prove.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     _report_args(prove)
     prove.set_defaults(handler=cmd_prove)
@@ -195,6 +208,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
         return fail(problem)
     if args.engine == "pdr":
         return _prove_pdr(args)
+    if args.variant is not None or args.direction != "forward":
+        return fail("--variant and --direction are options of --engine pdr")
     started, t0 = now(), time.monotonic()
     try:
         bounds = _bounds(args)
@@ -258,8 +273,14 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 
     try:
         bounds = _bounds(args)
-        print(f"PDR (Z3 Spacer), N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}:")
-        proofs = prove_pdr(bounds, args.invariant, time_limit=limit, progress=show)
+        variant = _variant(args.variant) if args.variant else None
+        print(
+            f"PDR (Z3 Spacer, {args.direction}), N={bounds.blocks} blocks, R={bounds.requests} requests, "
+            f"B={bounds.block_size}, {limit:g} s per invariant:"
+        )
+        proofs = prove_pdr(
+            bounds, args.invariant, variant=variant, time_limit=limit, direction=args.direction, progress=show
+        )
     except ValueError as exc:
         return fail(str(exc))
     cases = []
@@ -270,12 +291,13 @@ def _prove_pdr(args: argparse.Namespace) -> int:
                 "violated": p.counterexample.invariants,
                 "step": p.counterexample.step,
                 "source": "pdr",
+                "variant": args.variant,
                 "bounds": bounds.to_json(),
             }
             path = Case("reference", bounds.config, p.counterexample.ops, expected).save(args.cases_dir)
             print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
             cases.append(str(path))
-    report = pdr_report(bounds, proofs, started_at=started, time_limit=limit, cases=cases)
+    report = pdr_report(bounds, proofs, started_at=started, time_limit=limit, direction=args.direction, cases=cases)
     report.write(args.report, args.junit)
     return report.exit_code
 
