@@ -178,6 +178,7 @@ def pdr_report(
                         "inductive_invariant": None if p.inductive is None else str(p.inductive),
                         "note": p.note,
                         "timed_out": p.timed_out,
+                        "assumed_lemmas": p.assumed,
                     }
                     for p in proofs
                 },

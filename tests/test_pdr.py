@@ -18,6 +18,7 @@ import multiprocessing
 import time
 from pathlib import Path
 
+import z3
 from clirun import kvspec
 
 from kvspec.report import ExitCode
@@ -82,3 +83,13 @@ def test_the_cli_refutes_a_variant_backward_and_saves_the_case(tmp_path: Path) -
     assert expected["invariant"] == "bad_input_rejected" and expected["variant"] == "symbolic_bugs:SilentDoubleRelease"
     run = kvspec("prove", "--variant", "symbolic_bugs:SilentDoubleRelease")
     assert run.code == ExitCode.COULD_NOT_RUN and len(run.err.strip().splitlines()) == 1, run.err
+
+
+def test_with_the_inductive_lemmas_spacer_proves_no_active_eviction_and_the_check_covers_them() -> None:
+    """With two requests Spacer alone gives up on no_active_eviction (N=2, R=2, B=2: unknown after
+    60 s, docs/formal.md); given the auxiliary conjuncts Houdini keeps, it proves it at N=2, R=2,
+    B=1, and the invariant the independent check proves contains them."""
+    pool = Bounds(blocks=2, requests=2, block_size=1)
+    (proof,) = prove_pdr(pool, ["no_active_eviction"], time_limit=60, lemmas=True)
+    assert proof.proved and proof.assumed > 0, proof
+    assert proof.inductive is not None and z3.is_and(proof.inductive)

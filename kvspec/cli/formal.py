@@ -82,6 +82,12 @@ def register(subparsers: Any) -> None:
         help="--engine pdr: Spacer over the reachable states (forward, default) or over the states that can "
         "reach a violation (backward: searches from the empty pool, finds violations sooner)",
     )
+    prove.add_argument(
+        "--lemmas",
+        action="store_true",
+        help="--engine pdr: give Spacer the auxiliary invariants that are inductive (found first, as kvspec bmc "
+        "--lemmas does); the checked invariant then includes them",
+    )
     prove.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     _report_args(prove)
     prove.set_defaults(handler=cmd_prove)
@@ -208,8 +214,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
         return fail(problem)
     if args.engine == "pdr":
         return _prove_pdr(args)
-    if args.variant is not None or args.direction != "forward":
-        return fail("--variant and --direction are options of --engine pdr")
+    if args.variant is not None or args.direction != "forward" or args.lemmas:
+        return fail("--variant, --direction and --lemmas are options of --engine pdr")
     started, t0 = now(), time.monotonic()
     try:
         bounds = _bounds(args)
@@ -264,7 +270,8 @@ def _prove_pdr(args: argparse.Namespace) -> int:
             verdict += " (time limit)"
         if p.verdict == "proved":
             verdict += ", inductive invariant checked" if p.checked else ", NOT confirmed by the independent check"
-        print(f"  {p.invariant:<30} {verdict:<48} {p.seconds:6.1f} s  {p.note}", flush=True)
+        given = f"  ({p.assumed} auxiliary conjuncts assumed)" if p.assumed else ""
+        print(f"  {p.invariant:<30} {verdict:<48} {p.seconds:6.1f} s  {p.note}{given}", flush=True)
         if p.inductive is not None:
             print(f"    inductive invariant: {' '.join(str(p.inductive).split())}")
         if p.counterexample is not None:
@@ -274,12 +281,19 @@ def _prove_pdr(args: argparse.Namespace) -> int:
     try:
         bounds = _bounds(args)
         variant = _variant(args.variant) if args.variant else None
+        with_lemmas = ", with the auxiliary invariants that are inductive" if args.lemmas else ""
         print(
-            f"PDR (Z3 Spacer, {args.direction}), N={bounds.blocks} blocks, R={bounds.requests} requests, "
+            f"PDR (Z3 Spacer, {args.direction}{with_lemmas}), N={bounds.blocks} blocks, R={bounds.requests} requests, "
             f"B={bounds.block_size}, {limit:g} s per invariant:"
         )
         proofs = prove_pdr(
-            bounds, args.invariant, variant=variant, time_limit=limit, direction=args.direction, progress=show
+            bounds,
+            args.invariant,
+            variant=variant,
+            time_limit=limit,
+            direction=args.direction,
+            lemmas=args.lemmas,
+            progress=show,
         )
     except ValueError as exc:
         return fail(str(exc))
