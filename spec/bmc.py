@@ -147,11 +147,16 @@ def _conjuncts(term: Term) -> list[Term]:
     return [term]
 
 
+def auxiliary_conjuncts(enc: Encoding, template: SymState) -> list[Term]:
+    """The auxiliary invariants on ``template``, split into their conjuncts (in one fixed order)."""
+    return [c for f in AUXILIARY.values() for c in _conjuncts(f(enc, template))]
+
+
 def inductive_lemmas(enc: Encoding, deadline: float | None = None) -> Lemmas:
     """Houdini: drop every auxiliary conjunct false initially or broken by a step, until the rest is inductive."""
     t0 = time.monotonic()
     template = enc.state("lemma")
-    candidates = [c for f in AUXILIARY.values() for c in _conjuncts(f(enc, template))]
+    candidates = auxiliary_conjuncts(enc, template)
     total = len(candidates)
     pairs0 = list(zip(template.terms(), enc.initial().terms(), strict=True))
     candidates = [c for c in candidates if z3.is_true(z3.simplify(z3.substitute(c, *pairs0)))]

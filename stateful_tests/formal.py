@@ -138,8 +138,17 @@ def _pdr_row(proof: PdrProof) -> Row:
     return Row(proof.invariant, "safety", 1 if proof.proved else 0, reason=proof.note or "not proved")
 
 
-def pdr_report(bounds: Bounds, proofs: Sequence[PdrProof], *, started_at: str, cases: Sequence[str] = ()) -> Report:
-    """One row per invariant Spacer was asked about: held once proved (and checked), violated, or unknown."""
+def pdr_report(
+    bounds: Bounds,
+    proofs: Sequence[PdrProof],
+    *,
+    started_at: str,
+    time_limit: float,
+    direction: str = "forward",
+    cases: Sequence[str] = (),
+) -> Report:
+    """One row per invariant Spacer was asked about: held once proved (and checked), violated, or unknown
+    (``timed_out``: stopped at ``time_limit`` seconds)."""
     rows = [_pdr_row(p) for p in proofs]
     violated = any(row.verdict == "violated" for row in rows)
     status: Status = "violated" if violated else ("passed" if all(r.verdict == "held" for r in rows) else "error")
@@ -159,6 +168,8 @@ def pdr_report(bounds: Bounds, proofs: Sequence[PdrProof], *, started_at: str, c
             "formal": {
                 "engine": "pdr",
                 "bounds": bounds.to_json(),
+                "time_limit_s": time_limit,
+                "direction": direction,
                 "invariants": {
                     p.invariant: {
                         "verdict": p.verdict,
@@ -166,6 +177,8 @@ def pdr_report(bounds: Bounds, proofs: Sequence[PdrProof], *, started_at: str, c
                         "checked": p.checked,
                         "inductive_invariant": None if p.inductive is None else str(p.inductive),
                         "note": p.note,
+                        "timed_out": p.timed_out,
+                        "assumed_lemmas": p.assumed,
                     }
                     for p in proofs
                 },

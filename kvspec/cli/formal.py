@@ -61,13 +61,32 @@ def register(subparsers: Any) -> None:
         "--time-limit",
         type=float,
         default=None,
-        help="give up after this many seconds (--engine pdr: per invariant, default 60)",
+        help="give up after this many seconds (--engine pdr: per invariant, a hard wall-clock stop, default 60)",
     )
     prove.add_argument(
         "--engine",
         choices=("k-induction", "pdr"),
         default="k-induction",
         help="k-induction with the auxiliary invariants (default), or pdr: Z3's Spacer, nothing assumed",
+    )
+    prove.add_argument(
+        "--variant",
+        default=None,
+        metavar="MODULE:CLASS",
+        help="--engine pdr: prove (or refute) on a variant of the spec's encoding, as kvspec bmc --variant",
+    )
+    prove.add_argument(
+        "--direction",
+        choices=("forward", "backward"),
+        default="forward",
+        help="--engine pdr: Spacer over the reachable states (forward, default) or over the states that can "
+        "reach a violation (backward: searches from the empty pool, finds violations sooner)",
+    )
+    prove.add_argument(
+        "--lemmas",
+        action="store_true",
+        help="--engine pdr: give Spacer the auxiliary invariants that are inductive (found first, as kvspec bmc "
+        "--lemmas does); the checked invariant then includes them",
     )
     prove.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     _report_args(prove)
@@ -195,6 +214,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
         return fail(problem)
     if args.engine == "pdr":
         return _prove_pdr(args)
+    if args.variant is not None or args.direction != "forward" or args.lemmas:
+        return fail("--variant, --direction and --lemmas are options of --engine pdr")
     started, t0 = now(), time.monotonic()
     try:
         bounds = _bounds(args)
@@ -245,9 +266,12 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 
     def show(p: PdrProof) -> None:
         verdict = {"proved": "proved", "violated": "VIOLATED"}.get(p.verdict, "unknown")
+        if p.timed_out:
+            verdict += " (time limit)"
         if p.verdict == "proved":
             verdict += ", inductive invariant checked" if p.checked else ", NOT confirmed by the independent check"
-        print(f"  {p.invariant:<30} {verdict:<48} {p.seconds:6.1f} s  {p.note}", flush=True)
+        given = f"  ({p.assumed} auxiliary conjuncts assumed)" if p.assumed else ""
+        print(f"  {p.invariant:<30} {verdict:<48} {p.seconds:6.1f} s  {p.note}{given}", flush=True)
         if p.inductive is not None:
             print(f"    inductive invariant: {' '.join(str(p.inductive).split())}")
         if p.counterexample is not None:
@@ -256,8 +280,21 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 
     try:
         bounds = _bounds(args)
-        print(f"PDR (Z3 Spacer), N={bounds.blocks} blocks, R={bounds.requests} requests, B={bounds.block_size}:")
-        proofs = prove_pdr(bounds, args.invariant, time_limit=limit, progress=show)
+        variant = _variant(args.variant) if args.variant else None
+        with_lemmas = ", with the auxiliary invariants that are inductive" if args.lemmas else ""
+        print(
+            f"PDR (Z3 Spacer, {args.direction}{with_lemmas}), N={bounds.blocks} blocks, R={bounds.requests} requests, "
+            f"B={bounds.block_size}, {limit:g} s per invariant:"
+        )
+        proofs = prove_pdr(
+            bounds,
+            args.invariant,
+            variant=variant,
+            time_limit=limit,
+            direction=args.direction,
+            lemmas=args.lemmas,
+            progress=show,
+        )
     except ValueError as exc:
         return fail(str(exc))
     cases = []
@@ -268,12 +305,13 @@ def _prove_pdr(args: argparse.Namespace) -> int:
                 "violated": p.counterexample.invariants,
                 "step": p.counterexample.step,
                 "source": "pdr",
+                "variant": args.variant,
                 "bounds": bounds.to_json(),
             }
             path = Case("reference", bounds.config, p.counterexample.ops, expected).save(args.cases_dir)
             print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
             cases.append(str(path))
-    report = pdr_report(bounds, proofs, started_at=started, cases=cases)
+    report = pdr_report(bounds, proofs, started_at=started, time_limit=limit, direction=args.direction, cases=cases)
     report.write(args.report, args.junit)
     return report.exit_code
 
