@@ -308,7 +308,7 @@ def test_candidates_kept_ranked_across_delta_steps_equal_a_ranking_of_the_whole_
             fresh.features, fresh.unjudgeable, fresh.content, fresh.children,
         ), (n, op)  # fmt: skip
         if fresh.keys:
-            assert kept.first(set(), {}) == min(fresh.keys, key=fresh.keys.__getitem__)
+            assert kept.first(set(), set(), {}, []) == min(fresh.keys, key=fresh.keys.__getitem__)
             ranked += 1
     assert ranked > 100
 

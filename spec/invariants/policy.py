@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import replace
@@ -245,7 +246,9 @@ def _ranked_conformance(t: Transition, order: BlockOrder, evicted: list[Hashable
     mine = t.after.requests.get(t.op.req or "")
     left = {e.oid for e in t.events}
     gone: set[Hashable] = set(mine.objects) - left if mine is not None and t.op.op in ("admit", "resume") else set()
+    dropped: set[Hashable] = set()
     moved: dict[Hashable, RankKey] = {}
+    moved_heap: list[tuple[RankKey, Hashable]] = []
     moved_features: dict[Hashable, BlockFeatures] = {}
     removed: Counter[Prefix] = Counter()
     lost_children: Counter[Prefix] = Counter()
@@ -253,7 +256,7 @@ def _ranked_conformance(t: Transition, order: BlockOrder, evicted: list[Hashable
         if oid in gone or oid not in ranking.keys:
             problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
             continue
-        first = ranking.first(gone, moved)
+        first = ranking.first(gone, dropped, moved, moved_heap)
         if first is not None and first != oid:
             feats = {c: moved_features.get(c, ranking.features[c]) for c in (oid, first)}
             clock = max(f.last_used for f in ranking.features.values())
@@ -261,6 +264,7 @@ def _ranked_conformance(t: Transition, order: BlockOrder, evicted: list[Hashable
             keys = {c: order_key(order, f, params) for c, f in feats.items()}
             problems += _not_ranked_first(t, oid, keys, order, "block ")
         gone.add(oid)
+        dropped.add(oid)
         moved.pop(oid, None)
         content = ranking.content.get(oid)
         if not ranking.reads_children or content is None:
@@ -275,6 +279,7 @@ def _ranked_conformance(t: Transition, order: BlockOrder, evicted: list[Hashable
             if f is not None and other not in gone:
                 moved_features[other] = replace(f, branch_factor=ranking.children[parent] - lost_children[parent])
                 moved[other] = rank_key(order, moved_features[other], t.semantics.protect_min_hits)
+                heapq.heappush(moved_heap, (moved[other], other))
     return problems
 
 

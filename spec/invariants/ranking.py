@@ -159,16 +159,25 @@ class CandidateRanking:
         every cached key's content known): otherwise the order cannot be judged, as on the whole state."""
         return not self.unjudgeable and not (self.reads_children and self.unknown_content)
 
-    def first(self, skip: set[Hashable], moved: Mapping[Hashable, RankKey]) -> Hashable | None:
+    def first(
+        self,
+        skip: set[Hashable],
+        dropped: set[Hashable],
+        moved: Mapping[Hashable, RankKey],
+        moved_heap: list[tuple[RankKey, Hashable]],
+    ) -> Hashable | None:
         """The candidate ranked first, leaving out ``skip``; ``moved`` overrides some candidates' keys.
 
-        O((stale + skipped + 1) x log pool): heap entries popped to reach it are pushed back, stale ones dropped.
+        ``dropped`` (within ``skip``): candidates this step evicted; their heap entries are let go for good,
+        as :meth:`update` re-ranks every object a step touched. ``moved_heap`` holds ``moved``'s entries
+        (stale ones skipped). O((stale + skipped + 1) x log pool): other entries popped to reach the first
+        are pushed back.
         """
         aside: list[tuple[RankKey, Hashable]] = []
         best: tuple[RankKey, Hashable] | None = None
         while self.heap:
             key, oid = self.heap[0]
-            if self.keys.get(oid) != key:
+            if self.keys.get(oid) != key or oid in dropped:
                 heapq.heappop(self.heap)
             elif oid in skip or oid in moved:
                 aside.append(heapq.heappop(self.heap))
@@ -177,7 +186,12 @@ class CandidateRanking:
                 break
         for entry in aside:
             heapq.heappush(self.heap, entry)
-        for oid, key in moved.items():
-            if oid not in skip and (best is None or key < best[0]):
+        while moved_heap:
+            key, oid = moved_heap[0]
+            if moved.get(oid) != key or oid in skip:
+                heapq.heappop(moved_heap)
+                continue
+            if best is None or key < best[0]:
                 best = (key, oid)
+            break
         return None if best is None else best[1]
