@@ -145,9 +145,10 @@ def markdown(data: dict[str, Any]) -> str:
         f"filled pool: incremental with the whole state judged every K={data['k']} steps and at the window's end; "
         "incremental with the whole state judged at the window's end only (each step's local part still "
         "judged); the full check of every step (K=1, the default). Steps/s counts the steps, the periodic full "
-        "checks among them included; the end-of-window check of the whole state (Harness.finish: the adapter's "
-        "full observation, compared with the kept state, and the state invariants) is timed apart. Absolute "
-        "rates depend on the load of the machine; read the ratios.",
+        "checks among them included (the adapter's full observation compared with the state kept from its "
+        "deltas, and the invariants that are not incremental judged on it, docs/incremental.md); the "
+        "end-of-window check of the whole state (Harness.finish: the comparison and the state invariants) is "
+        "timed apart. Absolute rates depend on the load of the machine; read the ratios.",
         "",
         f"| pool blocks | K={data['k']} steps/s | evictions | end-only steps/s | evictions | end check s "
         f"| full steps/s | evictions | K={data['k']} / full |",

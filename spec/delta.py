@@ -116,10 +116,19 @@ class Overlay(Mapping[Any, Any]):
             if value is not _ABSENT and key not in self._base:
                 yield key
 
+    def whole(self) -> Overlay:
+        """The same view iterating every key it holds, not only the step's part (lookups unchanged)."""
+        return self if self._keys is None else Overlay(self._base, self._old)
+
     def __len__(self) -> int:
         if self._keys is None and not self._old:
             return len(self._base)
         return sum(1 for _ in self)
+
+
+def whole(mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """``mapping`` iterating every key: a local part's view (Overlay) widened to the whole state; else itself."""
+    return mapping.whole() if isinstance(mapping, Overlay) else mapping
 
 
 @dataclass(frozen=True)
@@ -244,6 +253,8 @@ def differences(kept: Observation, full: Observation, limit: int = 5) -> list[st
         ("request", kept.requests, full.requests),
         ("index entry", kept.index or {}, full.index or {}),
     ):
+        if a == b:  # the common case, compared at C speed (an object's own __eq__ per value)
+            continue
         for key in dict.fromkeys([*a, *b]):
             if a.get(key) != b.get(key):
                 problems.append(f"{what} {key!r} is {a.get(key)} by the deltas, {b.get(key)} by the observation")

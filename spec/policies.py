@@ -139,6 +139,18 @@ def order_key(order: BlockOrder, f: BlockFeatures, params: OrderParams) -> tuple
     raise ValueError(f"unknown block eviction order {order!r}")
 
 
+def rank_key(order: BlockOrder, f: BlockFeatures, protect_min_hits: int = 1) -> tuple[float, ...]:
+    """A key that orders candidates as ``order_key`` does, for any clock: one a ranking can keep across steps.
+
+    Only ``score`` reads the clock: its retention score of a one-block entry is hits + 0.5 / (1 + age) + a
+    constant, the recency term lies in (0, 0.5] and grows with last_used, so one more hit always outweighs it
+    and, at equal hits, the later last_used ranks later: (hits, last_used, free_pos) is the same order.
+    """
+    if order == "score":
+        return (float(f.hits), float(f.last_used), f.free_pos)
+    return order_key(order, f, OrderParams(clock=0, protect_min_hits=protect_min_hits))
+
+
 def victim(order: BlockOrder, candidates: Mapping[Oid, BlockFeatures], params: OrderParams) -> Oid:
     """The candidate ``order`` evicts first."""
     return min(candidates, key=lambda oid: order_key(order, candidates[oid], params))

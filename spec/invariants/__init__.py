@@ -17,7 +17,7 @@ from .policy import POLICY
 from .quality import PolicyQuality, eviction_choices, orphaned_blocks
 from .radix import RADIX_POLICY, RADIX_SAFETY
 from .refinement import REFINEMENT
-from .safety import SAFETY, STATE
+from .safety import SAFETY, STATE, WHOLE_TOO
 from .transition import Invariant, Kind, Problems, Transition
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -60,18 +60,27 @@ ADAPTER_CONTRACT = "adapter_contract"
 INVARIANT_NAMES: tuple[str, ...] = (*(i.name for i in INVARIANTS), ADAPTER_CONTRACT)
 
 
-def check_transition(t: Transition) -> dict[str, Problems]:
+def check_transition(t: Transition, whole: Transition | None = None) -> dict[str, Problems]:
     """Run every invariant on one transition: name -> None (not applicable) or problems.
 
     On a delta step's local part (``t.touched`` set) only the incremental invariants run; the others are
-    None there (not judged on this step) and judge the whole state every K steps and at the end of a run.
-    Afterwards ``t.memory`` learns what the next transition's policy checks need.
+    None there (not judged on this step) and judge the whole state every K steps and at the end of a run:
+    ``whole``, the same step over the whole state (a K-th step), runs those that are not incremental and
+    those whose local form needs a judged base (``WHOLE_TOO``), after the local ones and before KeyMemory
+    learns the step. Afterwards ``t.memory`` learns what the next transition's policy checks need.
     """
     local = t.touched is not None
-    results = {
-        inv.name: inv.check(t) if inv.applies(t.semantics) and (inv.incremental or not local) else None
-        for inv in INVARIANTS
-    }
+    results: dict[str, Problems] = {}
+    for inv in INVARIANTS:
+        if not inv.applies(t.semantics):
+            results[inv.name] = None
+            continue
+        problems = inv.check(t) if inv.incremental or not local else None
+        if whole is not None and (not inv.incremental or inv.name in WHOLE_TOO):
+            more = inv.check(whole)
+            if more is not None:
+                problems = [*(problems or []), *(p for p in more if p not in (problems or []))]
+        results[inv.name] = problems
     t.memory.track(t)
     return results
 

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..block_key import BlockKey, Prefix, block_keys
+from ..delta import whole
 from ..ledger import Content
 from ..observation import RequestView
 from ..ops import Semantics
+from ..policies import BLOCK_ORDERS
 from .quality import PolicyQuality
+from .ranking import CandidateRanking
 
 if TYPE_CHECKING:
     from .transition import Transition
@@ -42,6 +45,9 @@ class KeyMemory:
     # which duplicate of a key is the oldest or the newest, from the observations, not the index's order.
     keyed: dict[Hashable, tuple[Hashable, int]] = field(default_factory=dict)
     keyed_seq: int = 0
+    # Block granularity, steps taken as deltas: the eviction candidates ranked by the declared order, kept from
+    # step to step (built from the whole state when a delta step first needs it; None on the full-check path).
+    ranking: CandidateRanking | None = None
 
     def block_keys(self, request: RequestView, block_size: int) -> list[BlockKey]:
         """The spec's keys of the request's full blocks, in order.
@@ -104,6 +110,31 @@ class KeyMemory:
             if queued is None or queued.key is None or queued.ref_count:
                 del self.free_order[oid]
         self._track_keyed(t, left)
+        self._track_ranking(t, left)
+
+    def ranking_of(self, t: Transition) -> CandidateRanking:
+        """The candidates of ``t.before`` ranked by its declared block order (built from the whole state once)."""
+        order = t.semantics.eviction
+        assert order in BLOCK_ORDERS
+        if self.ranking is None or self.ranking.order != order:
+            self.ranking = CandidateRanking(order, t.config.block_size, t.semantics.protect_min_hits)
+            self.ranking.rebuild(whole(t.before.objects), self)
+        return self.ranking
+
+    def _track_ranking(self, t: Transition, left: set[Hashable]) -> None:
+        """Keep ``ranking`` the ranked candidates of ``t.after``: on a delta step from the objects it touched
+        (those of the touched requests too: their keys' contents may be learned now), else from the whole."""
+        if self.ranking is None or self.ranking.order != t.semantics.eviction:
+            return
+        if t.touched is None:
+            self.ranking.rebuild(t.after.objects, self)
+            return
+        oids = set(t.touched[0]) | left
+        for rid in t.touched[1]:
+            request = t.after.requests.get(rid)
+            if request is not None:
+                oids.update(request.objects)
+        self.ranking.update(oids, t.after.objects, self)
 
     def _track_keyed(self, t: Transition, left: set[Hashable]) -> None:
         """Keep ``keyed``: exactly the objects of ``t.after`` that carry a key, numbered when they got it."""

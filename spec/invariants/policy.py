@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from collections.abc import Hashable
+from dataclasses import replace
 
-from ..block_key import block_keys
+from ..block_key import Prefix, block_keys, parent_prefix
 from ..ledger import Content
 from ..observation import ObjectView
 from ..ops import blocks_for, size_of
@@ -17,8 +20,10 @@ from ..policies import (
     child_counts,
     order_key,
     prefix_depth,
+    rank_key,
     retention_score,
 )
+from .ranking import RankKey
 from .transition import ONE_TABLE, Invariant, Problems, Transition, bad_input, eviction_candidates
 
 
@@ -192,6 +197,8 @@ def policy_conformance(t: Transition) -> Problems:
                 f"{t.op} evicted {len(evicted)} cached block(s) for {taken} new block(s) "
                 f"while {uncached} uncached free block(s) were available"
             )
+    if t.touched is not None:
+        return _ranked_conformance(t, order, evicted, problems)
     features = _observed_features(t, order)
     if features is None:
         return problems or None
@@ -220,6 +227,59 @@ def policy_conformance(t: Transition) -> Problems:
         problems += _not_ranked_first(t, oid, keys, order, "block ")
         del features[oid]
         cached.pop(oid, None)
+    return problems
+
+
+def _ranked_conformance(t: Transition, order: BlockOrder, evicted: list[Hashable], problems: list[str]) -> Problems:
+    """policy_conformance on a delta step: the evictions against the candidates ranked from step to step.
+
+    Equivalent to the whole-state form: the ranking (KeyMemory.ranking, spec.invariants.ranking) holds
+    every candidate of ``t.before`` with the features and a key in the same order as the whole-state form
+    computes from the same observation and memory; the step's hits are left out as eviction_candidates
+    leaves them out, each evicted block leaves the candidates, and where it was the last cached block of its
+    content its parent's branch factor falls by one, as child_counts over the cached blocks left gives.
+    O(evictions x log pool); the whole pool is read only to word a problem.
+    """
+    ranking = t.memory.ranking_of(t)
+    if not ranking.judgeable():
+        return problems or None
+    mine = t.after.requests.get(t.op.req or "")
+    left = {e.oid for e in t.events}
+    gone: set[Hashable] = set(mine.objects) - left if mine is not None and t.op.op in ("admit", "resume") else set()
+    dropped: set[Hashable] = set()
+    moved: dict[Hashable, RankKey] = {}
+    moved_heap: list[tuple[RankKey, Hashable]] = []
+    moved_features: dict[Hashable, BlockFeatures] = {}
+    removed: Counter[Prefix] = Counter()
+    lost_children: Counter[Prefix] = Counter()
+    for oid in evicted:
+        if oid in gone or oid not in ranking.keys:
+            problems.append(f"{t.op} evicted object {oid!r}, which was not a candidate")
+            continue
+        first = ranking.first(gone, dropped, moved, moved_heap)
+        if first is not None and first != oid:
+            feats = {c: moved_features.get(c, ranking.features[c]) for c in (oid, first)}
+            clock = max(f.last_used for f in ranking.features.values())
+            params = OrderParams(clock=clock, capacity=t.config.capacity, protect_min_hits=t.semantics.protect_min_hits)
+            keys = {c: order_key(order, f, params) for c, f in feats.items()}
+            problems += _not_ranked_first(t, oid, keys, order, "block ")
+        gone.add(oid)
+        dropped.add(oid)
+        moved.pop(oid, None)
+        content = ranking.content.get(oid)
+        if not ranking.reads_children or content is None:
+            continue
+        removed[content] += 1
+        parent = parent_prefix(content, t.config.block_size)
+        if ranking.holders[content] > removed[content] or parent is None:
+            continue
+        lost_children[parent] += 1
+        for other in ranking.by_content.get(parent, ()):
+            f = ranking.features.get(other)
+            if f is not None and other not in gone:
+                moved_features[other] = replace(f, branch_factor=ranking.children[parent] - lost_children[parent])
+                moved[other] = rank_key(order, moved_features[other], t.semantics.protect_min_hits)
+                heapq.heappush(moved_heap, (moved[other], other))
     return problems
 
 
@@ -276,7 +336,11 @@ def _fmt(key: tuple[float, ...]) -> str:
 
 
 POLICY: tuple[Invariant, ...] = (
-    Invariant("candidates_unreferenced", "policy", candidates_unreferenced),
+    Invariant("candidates_unreferenced", "policy", candidates_unreferenced, incremental=True),
     Invariant("no_spurious_refusal", "policy", no_spurious_refusal, layouts=ONE_TABLE),
-    Invariant("policy_conformance", "policy", policy_conformance, layouts=ONE_TABLE),
+    Invariant("policy_conformance", "policy", policy_conformance, layouts=ONE_TABLE, incremental=True),
 )
+"""incremental: candidates_unreferenced reads the evicted blocks and their readers (the step's events and
+every reader of them are in the local part, spec.delta.LiveObservation.local); policy_conformance ranks the
+evictions against the candidates kept ranked across steps (``_ranked_conformance``). no_spurious_refusal
+counts every idle block of the pool on a refusal: a whole-state check, every K steps."""
