@@ -19,11 +19,10 @@ from ..policies import (
     OrderParams,
     child_counts,
     order_key,
-    prefix_depth,
     rank_key,
     retention_score,
 )
-from .ranking import RankKey
+from .ranking import RankKey, block_features
 from .transition import ONE_TABLE, Invariant, Problems, Transition, bad_input, eviction_candidates
 
 
@@ -146,28 +145,15 @@ def _observed_features(t: Transition, order: BlockOrder) -> dict[Hashable, Block
     branch_factor is left 0 here: it changes as blocks are evicted, see policy_conformance.
     """
     before, memory, bs = t.before, t.memory, t.config.block_size
-    need = FEATURES_USED[order]
     out = {}
     for oid in eviction_candidates(t):
         o = before.objects[oid]
-        pos, share = memory.free_order.get(oid), memory.share_peak.get(oid)
-        content = memory.content_of(o.key, t.semantics)
-        if (
-            pos is None
-            or ("hits" in need and o.hits is None)
-            or ("last_used" in need and o.last_used is None)
-            or ("share_degree" in need and share is None)
-            or ("prefix_depth" in need and content is None)
-        ):
-            return None
-        out[oid] = BlockFeatures(
-            hits=o.hits or 0,
-            share_degree=share or 0,
-            branch_factor=0,
-            prefix_depth=prefix_depth(content, bs) if content is not None else 0,
-            last_used=o.last_used or 0,
-            free_pos=pos,
+        f = block_features(
+            o, memory.free_order.get(oid), memory.share_peak.get(oid), memory.content_of(o.key, t.semantics), order, bs
         )
+        if f is None:
+            return None
+        out[oid] = f
     return out
 
 

@@ -26,6 +26,35 @@ if TYPE_CHECKING:
 RankKey = tuple[float, ...]
 
 
+def block_features(
+    o: ObjectView,
+    free_pos: int | None,
+    share_peak: int | None,
+    content: Prefix | None,
+    order: BlockOrder,
+    block_size: int,
+    branch_factor: int = 0,
+) -> BlockFeatures | None:
+    """The features ``order`` ranks a candidate by, as observed; None when one it reads is not observable."""
+    need = FEATURES_USED[order]
+    if (
+        free_pos is None
+        or ("hits" in need and o.hits is None)
+        or ("last_used" in need and o.last_used is None)
+        or ("share_degree" in need and share_peak is None)
+        or ("prefix_depth" in need and content is None)
+    ):
+        return None
+    return BlockFeatures(
+        hits=o.hits or 0,
+        share_degree=share_peak or 0,
+        branch_factor=branch_factor,
+        prefix_depth=prefix_depth(content, block_size) if content is not None else 0,
+        last_used=o.last_used or 0,
+        free_pos=free_pos,
+    )
+
+
 @dataclass
 class CandidateRanking:
     """The candidates of a block pool (cached blocks with ref_count 0) ranked by ``order``, kept across steps.
@@ -131,24 +160,10 @@ class CandidateRanking:
 
     def _features(self, oid: Hashable, o: ObjectView, memory: KeyMemory) -> BlockFeatures | None:
         """What policy_conformance's _observed_features reads of one candidate, branch factor included."""
-        need = FEATURES_USED[self.order]
-        pos, share, content = memory.free_order.get(oid), memory.share_peak.get(oid), self.content.get(oid)
-        if (
-            pos is None
-            or ("hits" in need and o.hits is None)
-            or ("last_used" in need and o.last_used is None)
-            or ("share_degree" in need and share is None)
-            or ("prefix_depth" in need and content is None)
-        ):
-            return None
-        return BlockFeatures(
-            hits=o.hits or 0,
-            share_degree=share or 0,
-            branch_factor=self.children.get(content, 0) if content is not None and self.reads_children else 0,
-            prefix_depth=prefix_depth(content, self.block_size) if content is not None else 0,
-            last_used=o.last_used or 0,
-            free_pos=pos,
-        )
+        content = self.content.get(oid)
+        children = self.children.get(content, 0) if content is not None and self.reads_children else 0
+        pos, share = memory.free_order.get(oid), memory.share_peak.get(oid)
+        return block_features(o, pos, share, content, self.order, self.block_size, children)
 
     def _compact(self) -> None:
         self.heap = [(key, oid) for oid, key in self.keys.items()]
