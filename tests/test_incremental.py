@@ -13,6 +13,7 @@ import random
 from pathlib import Path
 
 import pytest
+from random_ops import random_op
 from seeded_bugs import by_name
 
 from kvspec.adapters.reference_paged import (
@@ -48,25 +49,6 @@ ADAPTERS = [
     ReferenceFamilyProtectAdapter,
     ReferenceNewestAdapter,
 ]
-
-
-def random_op(rng: random.Random, obs: Observation, n: int) -> Op:
-    """One op drawn over a small token alphabet, so that prefixes repeat, blocks are hit, shared and evicted."""
-    live = sorted(obs.requests)
-    running = [r for r in live if obs.requests[r].state == "running"]
-    preempted = [r for r in live if obs.requests[r].state == "preempted"]
-    roll = rng.random()
-    if roll < 0.4 or not live:
-        return Op("admit", f"r{n}", tuple(rng.choice((0, 1)) for _ in range(rng.randint(1, 9))))
-    if roll < 0.55 and running:
-        return Op("append", rng.choice(running), tuple(rng.choice((0, 1)) for _ in range(rng.randint(1, 3))))
-    if roll < 0.65 and running:
-        return Op("preempt", rng.choice(running))
-    if roll < 0.72 and preempted:
-        return Op("resume", rng.choice(preempted))
-    if roll < 0.74:
-        return Op("reset_cache")
-    return Op("release", rng.choice(live), keep=rng.random() < 0.8)
 
 
 @pytest.mark.parametrize("make", ADAPTERS, ids=lambda a: a.name)

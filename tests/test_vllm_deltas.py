@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec[vllm]")
 
+from random_ops import random_op as walk_op
 from vllm_bugs import VLLM_BUGS, VllmBug
 from vllm_hybrid_bugs import HYBRID_BUGS
 
@@ -38,23 +39,8 @@ WALKS = {
 
 
 def random_op(rng: random.Random, obs: Observation, n: int) -> Op:
-    """One op over a two-token alphabet (prefixes repeat: hits, shared blocks, duplicate hashes, evictions)."""
-    live = sorted(obs.requests)
-    running = [r for r in live if obs.requests[r].state == "running"]
-    preempted = [r for r in live if obs.requests[r].state == "preempted"]
-    roll = rng.random()
-    if roll < 0.4 or not live:
-        rid = rng.choice(live) if live and rng.random() < 0.05 else f"r{n}"  # now and then a duplicate id
-        return Op("admit", rid, tuple(rng.choice((0, 1)) for _ in range(rng.randint(1, 11))))
-    if roll < 0.58 and running:
-        return Op("append", rng.choice(running), tuple(rng.choice((0, 1)) for _ in range(rng.randint(1, 4))))
-    if roll < 0.66 and running:
-        return Op("preempt", rng.choice(running))
-    if roll < 0.74 and preempted:
-        return Op("resume", rng.choice(preempted))
-    if roll < 0.76:
-        return Op("reset_cache")
-    return Op("release", rng.choice(live), keep=rng.random() < 0.7)
+    """Longer prompts and appends than the reference walk's, and now and then a duplicate id (refused)."""
+    return walk_op(rng, obs, n, longest_prompt=11, longest_append=4, duplicate_ids=0.05, keep=0.7)
 
 
 @pytest.mark.parametrize("name", list(WALKS))
