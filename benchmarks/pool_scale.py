@@ -23,14 +23,16 @@ from __future__ import annotations
 import argparse
 import platform
 import random
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kvspec import jsonio
-from kvspec.adapters import AdapterFactory, load
+from kvspec.adapters import AdapterFactory, UnknownAdapter, load
 from kvspec.adapters.isolation import IsolatedAdapter
+from kvspec.report import ExitCode
 from kvspec.spec import Config, Op
 from kvspec.stateful_tests import Harness, Tally
 
@@ -212,8 +214,18 @@ def main() -> None:
     parser.add_argument("--pools", default=",".join(map(str, POOLS)), help="pool sizes in blocks, comma-separated")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "docs" / "benchmarks", help="where the files go")
     args = parser.parse_args()
-    factory = load(args.adapter)
-    pools = [int(p) for p in args.pools.split(",")]
+    try:
+        factory = load(args.adapter)
+    except UnknownAdapter as exc:
+        print(f"kvspec: {exc}", file=sys.stderr)
+        raise SystemExit(ExitCode.COULD_NOT_RUN) from None
+    pools = [int(p) for p in args.pools.split(",") if p.strip().isdigit()]
+    if len(pools) != len(args.pools.split(",")) or min(pools) < 1 or args.k < 1:
+        print(
+            f"kvspec: --pools takes positive block counts and --k a positive K, not {args.pools!r} and {args.k}",
+            file=sys.stderr,
+        )
+        raise SystemExit(ExitCode.COULD_NOT_RUN)
     stem = "pool-scale" if args.adapter == "reference" else f"pool-scale-{args.adapter}"
     flags = [
         f

@@ -41,6 +41,7 @@ import kvspec.stateful_tests.machine as machine_module  # noqa: E402
 import kvspec.stateful_tests.swarm as swarm_module  # noqa: E402
 from kvspec import jsonio  # noqa: E402
 from kvspec.adapters import load  # noqa: E402
+from kvspec.report import ExitCode  # noqa: E402
 from kvspec.spec import Op  # noqa: E402
 from kvspec.stateful_tests import PROFILES, Harness, Result, run_check  # noqa: E402
 from kvspec.stateful_tests.swarm import run_swarm  # noqa: E402
@@ -239,6 +240,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.json")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "benchmarks" / "swarm.md")
     args = parser.parse_args()
+    earlier = None
+    if args.bugs_from is not None:  # read first: before the run, and before the new JSON may replace it
+        try:
+            earlier = jsonio.load(args.bugs_from)
+            if not isinstance(earlier, dict) or not isinstance(earlier.get("seeded_bugs"), list):
+                raise ValueError("no seeded_bugs table (not a benchmarks/swarm.py JSON)")
+        except (OSError, ValueError) as exc:
+            print(f"kvspec: {args.bugs_from}: {exc}", file=sys.stderr)
+            raise SystemExit(ExitCode.COULD_NOT_RUN) from None
     examples = args.examples or (QUICK_EXAMPLES if args.quick else 200)
     data: dict[str, Any] = {
         "kvspec_bench_swarm": 1,
@@ -248,8 +258,7 @@ def main() -> None:
         "full_check_every": args.full_check_every,
         "adapters": adapter_rows(examples, tuple(k for k in args.full_check_every if k > 1)),
     }
-    if args.bugs_from is not None:
-        earlier = jsonio.load(args.bugs_from)  # read before the new JSON may replace it
+    if earlier is not None:
         data["seeded_bugs"], data["seeded_bugs_from"] = (
             earlier["seeded_bugs"],
             earlier.get("seeded_bugs_from") or f"the {args.bugs_from.name} before this run",
