@@ -43,7 +43,9 @@ class KeptState:
       adapter's observation; equal, kept keeps its mappings and takes the observation's ``extra``
       (:class:`Agreed` is sent); else kept := the observation, which is sent;
     - a reset of the adapter, or anything the child cannot apply: nothing kept, so the next comparison sends
-      the observation (the harness then compares and restarts from it itself).
+      the observation (the harness then compares and restarts from it itself);
+    - a step the harness answers itself (bad input it rejects for an adapter that leaves input checking to
+      the kit: the adapter is not called, its state unchanged) and a ``full`` step: kept unchanged.
 
     Where the observation is sent, the harness's kept state afterwards equals it in every field the
     comparison reads, whichever way its own comparison goes; so both sides hold equal states at every call.
