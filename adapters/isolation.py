@@ -20,7 +20,9 @@ pickled but ops and answers), and the kit talks to it over a pipe. What it keeps
 Why a process and not a thread: a thread stuck in adapter code cannot be stopped and
 keeps a non-daemon interpreter alive at exit, and ``os._exit`` in a thread ends the kit
 itself, so it could report nothing. Cost: one pipe round trip per step (the harness's
-:meth:`~IsolatedAdapter.step` sends apply, events and observe as one call).
+:meth:`~IsolatedAdapter.step` sends apply, events and observe as one call); taking deltas, the child
+compares the adapter's full observation with its copy of the kit's kept state (adapters/kept.py), so the
+whole observation crosses only where they differ.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from kvspec.spec import Config, Event, Observation, Op, Outcome
 
 from .base import Adapter, Capabilities
+from .kept import Agreed, KeptState
 
 START_TIMEOUT_S = 120.0
 """The least time a constructor gets: importing an engine (vLLM: ~12 s here, more on a loaded CI) is slow."""
@@ -106,24 +110,43 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _answer(adapter: Any, method: str, args: tuple[Any, ...]) -> Any:
+def _answer(adapter: Any, kept: KeptState, method: str, args: tuple[Any, ...]) -> Any:
     if method == "step":  # apply, then what it evicted and what it left: one round trip per step
         op, observe = args
         outcome = adapter.apply(op)
-        return outcome, adapter.events(), _observe(adapter, observe)
+        return outcome, adapter.events(), _observe(adapter, kept, observe)
     if method == "meta":
         return adapter.name, adapter.capabilities
+    if method == "observe_keeping":
+        obs = adapter.observe()
+        kept.start(obs)
+        return obs
+    if method == "observe_compared":
+        obs = adapter.observe()
+        agreed = kept.compare(None, obs, end=True)
+        return (None, agreed) if agreed else (obs, None)
+    if method == "reset":
+        kept.drop()
     return getattr(adapter, method)(*args)
 
 
-def _observe(adapter: Any, observe: str) -> Any:
+def _observe(adapter: Any, kept: KeptState, observe: str) -> Any:
     """What a step left: ``full`` the observation; ``delta`` the adapter's delta, or its observation when it
-    gives none; ``both`` (delta or None, observation), for the kit to compare them (spec/delta.py)."""
+    gives none; ``both`` (delta or None, observation), for the kit to compare them (spec/delta.py);
+    ``compared`` (delta or None, the observation or None, :class:`~.kept.Agreed` or None): the observation
+    compared here with the state kept from the deltas (adapters/kept.py) and sent only where they differ
+    (then Agreed is None). ``delta`` and ``compared`` keep :class:`~.kept.KeptState`'s rule."""
     if observe == "full":
         return adapter.observe()
     delta = adapter.observe_delta()
     if observe == "delta":
-        return adapter.observe() if delta is None else delta
+        answer = adapter.observe() if delta is None else delta
+        kept.apply(answer)
+        return answer
+    if observe == "compared":
+        obs = adapter.observe()
+        agreed = kept.compare(delta, obs)
+        return delta, None if agreed else obs, agreed
     return delta, adapter.observe()
 
 
@@ -133,6 +156,7 @@ def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
         signal.signal(sig, signal.SIG_IGN)
     _die_with_parent()
     adapter: Any = None
+    kept = KeptState()
     while True:
         try:
             method, args = conn.recv()
@@ -140,7 +164,7 @@ def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
             break
         try:
             adapter = factory() if method == "build" else adapter
-            reply: tuple[Any, ...] = ("ok", None if method == "build" else _answer(adapter, method, args))
+            reply: tuple[Any, ...] = ("ok", None if method == "build" else _answer(adapter, kept, method, args))
         except BaseException as exc:
             where = "".join(traceback.format_exception(exc, limit=-3)).strip()
             reply = ("raised", type(exc).__name__, str(exc), where)
@@ -166,6 +190,7 @@ class IsolatedAdapter:
         self.factory, self.timeout = factory, timeout
         self._child: BaseProcess | None = None
         self._conn: Connection | None = None
+        self.bytes_received = 0  # every answer's pickled bytes that crossed the pipe (a test can read what crossed)
         self._spawn()
         try:
             name, caps = self._call("meta", timeout=self._start_timeout)
@@ -219,7 +244,9 @@ class IsolatedAdapter:
                 if deadline is not None and time.monotonic() > deadline:
                     self._stop()
                     raise CallTimeout(f"{method} did not return within {limit:g} s")
-            reply = conn.recv()
+            data = conn.recv_bytes()
+            self.bytes_received += len(data)
+            reply = ForkingPickler.loads(data)
         except (EOFError, OSError):
             child.join(timeout=5)
             code = child.exitcode
@@ -257,10 +284,24 @@ class IsolatedAdapter:
         """apply(op), events(), observe(), in one round trip; the answers unchecked (the harness judges them).
 
         ``observe``: ``full`` (the observation), ``delta`` (the adapter's delta, only what changed crosses
-        the pipe; its observation when it gives none) or ``both`` (delta or None, and the observation).
+        the pipe; its observation when it gives none), ``both`` (delta or None, and the observation) or
+        ``compared`` (delta or None, the observation or None, :class:`~.kept.Agreed` or None: where the state
+        the child keeps from the deltas equals the observation, Agreed and no observation; the observation
+        crosses only where they differ, adapters/kept.py).
         """
         answer: tuple[Any, Any, Any] = self._call("step", op, observe)
         return answer
+
+    def observe_keeping(self) -> Observation:
+        """observe(), and the child keeps the state kept from the deltas from it (an example's start)."""
+        result: Observation = self._call("observe_keeping")
+        return result
+
+    def observe_compared(self) -> tuple[Any, Agreed | None]:
+        """observe(), compared in the child with the state it kept from the deltas (an example's end):
+        ``(observation, None)`` where they differ, ``(None, Agreed)`` where they agree (nothing else crosses)."""
+        result: tuple[Any, Agreed | None] = self._call("observe_compared")
+        return result
 
     def observe_delta(self) -> Any:
         return self._call("observe_delta")

@@ -14,8 +14,11 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from kvspec.adapters.answers import malformed, malformed_delta
+from kvspec.adapters.answers import short as _short
 from kvspec.adapters.base import Adapter
 from kvspec.adapters.isolation import CallTimeout, ChildDied, IsolatedAdapter, RemoteError
+from kvspec.adapters.kept import Agreed
 from kvspec.spec import (
     INVARIANT_NAMES,
     Config,
@@ -23,12 +26,10 @@ from kvspec.spec import (
     KeyMemory,
     LedgerModel,
     LiveObservation,
-    ObjectView,
     Observation,
     ObservationDelta,
     Op,
     Outcome,
-    RequestView,
     SpecError,
     Transition,
     check_transition,
@@ -128,10 +129,14 @@ class Harness:
         self.kit_validates = not adapter.capabilities.checks_input
         self.every = max(1, self.tally.full_check_every)
         self.broken = False  # a violation or a hang was raised: nothing more is checked
+        keeping = self.every > 1 and adapter.capabilities.deltas and self.semantics.granularity == "block"
+        # An adapter in a child process keeps a copy of the state kept here and compares it with its full
+        # observation there (adapters/kept.py): the observation crosses the pipe only where they differ.
+        self.compared = keeping and isinstance(adapter, IsolatedAdapter)
         self.obs = self._start()
         # The whole state kept from the adapter's deltas; None: a full observation every step (today's path).
         self.live: LiveObservation | None = None
-        if self.every > 1 and adapter.capabilities.deltas and self.semantics.granularity == "block":
+        if keeping:
             self.live = LiveObservation(self.obs)
             self.obs = self.live.now()
         self.since_full = 0  # delta steps since the whole state was last judged
@@ -144,7 +149,7 @@ class Harness:
         try:
             self.adapter.reset(self.config)
             events = self.adapter.events()  # drop anything left from before the reset
-            obs = self.adapter.observe()
+            obs = self.adapter.observe_keeping() if self.compared else self.adapter.observe()  # type: ignore[attr-defined]
         except CallTimeout:
             self.broken = True
             self.tally.hung = (self.config, [])
@@ -164,7 +169,8 @@ class Harness:
         """The adapter's answers to ``op``: its outcome, its events, what it left (unchecked: user code).
 
         ``observe`` (IsolatedAdapter.step): ``full`` its observation; ``delta`` its delta, or its
-        observation when it gives none; ``both`` (its delta or None, its observation).
+        observation when it gives none; ``both`` (its delta or None, its observation); ``compared`` (as
+        ``both``, with :class:`Agreed` for the observation where the child's kept state equals it).
         For an adapter that leaves input checking to the kit (``checks_input=False``), bad input is
         answered here from ``spec.validate``, and the adapter is not called.
         """
@@ -174,6 +180,8 @@ class Harness:
             except SpecError as exc:
                 if observe == "delta":
                     return Outcome.invalid(str(exc)), [], ObservationDelta(self.obs.free)
+                if observe == "compared":
+                    return Outcome.invalid(str(exc)), [], (None, self.obs, None)
                 return Outcome.invalid(str(exc)), [], self.obs if observe == "full" else (None, self.obs)
         if isinstance(self.adapter, IsolatedAdapter):
             return self.adapter.step(op, observe)
@@ -191,12 +199,16 @@ class Harness:
         Taking deltas (``self.live``), a step whose number is not a multiple of K is checked on the part
         it changed (the incremental invariants); every K-th step takes the adapter's delta and its full
         observation, reports where the state kept from the deltas differs from it, and judges every
-        invariant on the whole state. Otherwise every step is judged on the whole state.
+        invariant on the whole state (an adapter in a child process compares there, adapters/kept.py: where
+        they agree, the observation does not cross and the kept state, equal to it, is judged). Otherwise
+        every step is judged on the whole state.
         """
         index = len(self.ops)
         self.ops.append(op)
         predicted = self.model.step(op) if self.model is not None else None
-        observe = "full" if self.live is None else ("both" if (index + 1) % self.every == 0 else "delta")
+        observe = "full" if self.live is None else "delta"
+        if self.live is not None and (index + 1) % self.every == 0:
+            observe = "compared" if self.compared else "both"
         try:
             raw, events, answer = self._run(op, observe)
         except CallTimeout:
@@ -206,26 +218,36 @@ class Harness:
         except Exception as exc:
             self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} {_raised(exc)}"]})
         delta: object = None
+        agreed: Agreed | None = None
         if observe == "both" and isinstance(answer, tuple) and len(answer) == 2:
             delta, answer = answer
+        elif observe == "compared" and isinstance(answer, tuple) and len(answer) == 3:
+            delta, answer, agreed = answer
         touched = None
         whole: Transition | None = None
         contract: list[str] = []
+        if agreed is not None and self.live is not None:
+            answer = self.live.now()  # the child found the kept state equal to the observation; replaced below
         if isinstance(delta, ObservationDelta) and isinstance(answer, Observation) and self.live is not None:
             # A K-th step: the local part judged as on every delta step, the kept whole state compared with the
-            # adapter's observation, and, where they agree, the invariants the local part cannot judge on it.
-            wrong = malformed(raw, events, answer) or malformed_delta(raw, events, delta)
+            # adapter's observation (here, or in its child: Agreed), and, where they agree, the invariants the
+            # local part cannot judge on it.
+            wrong = ([] if agreed else malformed(raw, events, answer)) or malformed_delta(raw, events, delta)
             if wrong:
                 self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
             assert isinstance(raw, Outcome) and isinstance(events, list)
             try:
                 change = self.live.apply(delta)
-                contract = [
+                if agreed is not None:  # the child found the kept state equal to the observation: it is the observation
+                    self.live.extra = agreed.extra
+                    answer = self.live.now()
+                contract = [] if agreed else [
                     f"after {op}: the state kept from the adapter's deltas differs from its observation: {p}"
                     for p in differences(self.live.now(), answer)
-                ]
+                ]  # fmt: skip
                 before, after = change.before, answer
                 if not contract:
+                    self.live.extra = answer.extra  # the deltas may leave it out: the observation's
                     whole = Transition(
                         change.before, op, raw, tuple(events), self.live.now(), self.config, self.semantics,
                         self.memory, predicted,
@@ -312,26 +334,37 @@ class Harness:
     def finish(self) -> None:
         """The end of an example: when steps came as deltas since the whole state was last judged, take the
         adapter's full observation, report where the state kept from the deltas differs from it, and judge
-        the state invariants on it. Nothing to do when every step was judged whole, or after a violation."""
+        the state invariants on it (an adapter in a child process compares there, adapters/kept.py: where
+        they agree, only that crosses, and the invariants judge the kept state, equal to the observation).
+        Nothing to do when every step was judged whole, or after a violation."""
         if self.live is None or self.since_full == 0 or self.broken or not self.ops:
             return
         index, op = len(self.ops) - 1, self.ops[-1]
+        agreed: Agreed | None = None
         try:
-            full = self.adapter.observe()
+            if self.compared:
+                full, agreed = self.adapter.observe_compared()  # type: ignore[attr-defined]
+            else:
+                full = self.adapter.observe()
         except CallTimeout:
             self.broken = True
             self.tally.hung = (self.config, list(self.ops))
             raise AdapterHung(index, op, self._timeout) from None
         except Exception as exc:
             self._fail(index, op, {ADAPTER_CONTRACT: [f"observe() at the end of the example {_raised(exc)}"]})
-        wrong = malformed(Outcome.ok(), [], full)
-        if wrong:
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"at the end of the example: {p}" for p in wrong]})
+        contract: list[str] = []
+        if agreed is not None:
+            self.live.extra = agreed.extra
+            full = self.live.now()
+        else:
+            wrong = malformed(Outcome.ok(), [], full)
+            if wrong:
+                self._fail(index, op, {ADAPTER_CONTRACT: [f"at the end of the example: {p}" for p in wrong]})
+            contract = [
+                f"at the end of the example: the state kept from the adapter's deltas differs from its observation: {p}"
+                for p in differences(self.live.now(), full)
+            ]
         assert isinstance(full, Observation)
-        contract = [
-            f"at the end of the example: the state kept from the adapter's deltas differs from its observation: {p}"
-            for p in differences(self.live.now(), full)
-        ]
         t = Transition(full, op, Outcome.ok(), (), full, self.config, self.semantics, self.memory)
         try:
             results = check_state(t)
@@ -341,7 +374,9 @@ class Harness:
         failures = self._judged(results)
         if contract:
             failures[ADAPTER_CONTRACT] = contract
-        self.live = LiveObservation(full)
+            self.live = LiveObservation(full)
+        else:  # equal in every field compared; the deltas may leave extra out: the observation's
+            self.live.extra = full.extra
         self.obs = self.live.now()
         self.since_full = 0
         if failures:
@@ -397,63 +432,3 @@ def _raised(exc: Exception) -> str:
     if isinstance(exc, ChildDied):
         return f"ended the adapter: {exc}"
     return f"raised {kind}: {exc}"
-
-
-def _malformed_answers(outcome: object, events: object) -> list[str]:
-    """How an op's outcome and events break the contract's types (an Outcome, a list of Events)."""
-    problems = []
-    if not isinstance(outcome, Outcome):
-        problems.append(f"returned {outcome!r}, not an Outcome")
-    if not isinstance(events, list) or not all(isinstance(e, Event) for e in events):
-        problems.append(f"events() returned {_short(events)}, not a list of Events")
-    return problems
-
-
-def malformed(outcome: object, events: object, obs: object) -> list[str]:
-    """How the adapter's answers break the contract's types (an Outcome, a list of Events, an Observation)."""
-    problems = _malformed_answers(outcome, events)
-    if not isinstance(obs, Observation):
-        return [*problems, f"observe() returned {_short(obs)}, not an Observation"]
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (obs.capacity, obs.free)):
-        problems.append(f"capacity {obs.capacity!r} and free {obs.free!r} must be ints")
-    if not isinstance(obs.objects, Mapping) or not all(isinstance(o, ObjectView) for o in obs.objects.values()):
-        problems.append("objects must map oids to ObjectViews")
-    elif not all(type(o.size) is type(o.tokens) is type(o.ref_count) is int for o in obs.objects.values()) and not all(
-        isinstance(n, int) and not isinstance(n, bool)
-        for o in obs.objects.values()
-        for n in (o.size, o.tokens, o.ref_count)
-    ):  # plain ints, the common case, at a third of the cost per object; else the exact test
-        problems.append("an ObjectView's size, tokens and ref_count must be ints")
-    if not isinstance(obs.requests, Mapping) or not all(isinstance(r, RequestView) for r in obs.requests.values()):
-        problems.append("requests must map request ids to RequestViews")
-    index: object = obs.index  # user code: the annotation promises nothing
-    if index is not None and not isinstance(index, Mapping):
-        problems.append("index must be a mapping or None")
-    return problems
-
-
-def malformed_delta(outcome: object, events: object, delta: ObservationDelta) -> list[str]:
-    """How a delta step's answers break the contract's types: those of :func:`malformed`, on the delta's part
-    (the objects and requests the step changed, never the whole pool)."""
-    problems = _malformed_answers(outcome, events)
-    if not isinstance(delta.free, int) or isinstance(delta.free, bool):
-        problems.append(f"the delta's free {delta.free!r} must be an int")
-    if not isinstance(delta.objects, Mapping) or not all(isinstance(o, ObjectView) for o in delta.objects.values()):
-        problems.append("the delta's objects must map oids to ObjectViews")
-    elif not all(
-        isinstance(n, int) and not isinstance(n, bool)
-        for o in delta.objects.values()
-        for n in (o.size, o.tokens, o.ref_count)
-    ):
-        problems.append("an ObjectView's size, tokens and ref_count must be ints")
-    if not isinstance(delta.requests, Mapping) or not all(isinstance(r, RequestView) for r in delta.requests.values()):
-        problems.append("the delta's requests must map request ids to RequestViews")
-    index: object = delta.index  # user code: the annotation promises nothing
-    if not isinstance(index, Mapping):
-        problems.append("the delta's index must be a mapping")
-    return problems
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."

@@ -9,13 +9,17 @@ and K=1 is today's path, which never asks an adapter for a delta.
 from __future__ import annotations
 
 import json
+import pickle
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from random_ops import random_op
 from seeded_bugs import by_name
 
+from kvspec.adapters.base import Adapter
+from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.adapters.reference_paged import (
     ReferenceFamilyProtectAdapter,
     ReferenceNewestAdapter,
@@ -37,6 +41,7 @@ from kvspec.spec import (
     RequestView,
     Semantics,
 )
+from kvspec.spec.delta import differences
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 from kvspec.spec.invariants.ranking import CandidateRanking
 from kvspec.stateful_tests import PROFILES, Harness, Tally, Violation, replay_ops, run_check
@@ -152,6 +157,72 @@ def test_a_lying_delta_with_a_correct_pool_is_an_adapter_contract_finding() -> N
     assert found is not None and found.step == 2, found
     assert any("differs from its observation" in p for p in found.failures[ADAPTER_CONTRACT])
     assert replay_ops(ForgetsTheAppend(), config, ops) is None
+
+
+def _isolated_replay(factory: Callable[[], Adapter], config: Config, ops: list[Op], k: int) -> Violation | None:
+    with IsolatedAdapter(factory, timeout=30.0) as adapter:
+        return replay_ops(adapter, config, ops, Tally(full_check_every=k))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("factory", "ops", "k"),
+    [
+        (by_name("bystander-reference").factory, _bystander_ops(), 4),  # at the K-th step
+        (by_name("bystander-reference").factory, _bystander_ops()[:3], 100),  # at the example's end
+        (ForgetsTheAppend, [Op("admit", "a", (1, 2, 3)), Op("append", "a", (4,)), Op("admit", "b", (7, 8))], 3),
+        (ForgetsTheAppend, [Op("admit", "a", (1, 2, 3)), Op("append", "a", (4,))], 100),
+    ],
+    ids=["bystander-kth", "bystander-end", "lying-delta-kth", "lying-delta-end"],
+)
+def test_a_difference_found_in_the_child_is_reported_as_in_process(
+    factory: Callable[[], Adapter], ops: list[Op], k: int
+) -> None:
+    """An adapter in its child process: the child compares the state it kept from the deltas with the
+    observation (adapters/kept.py) and, finding a difference, sends the observation; the kit reports the same
+    violation as in-process, at the same step, with the same adapter_contract lines and invariants."""
+    config = Config(capacity=8, block_size=2)
+    here = replay_ops(factory(), config, ops, Tally(full_check_every=k))
+    there = _isolated_replay(factory, config, ops, k)
+    assert here is not None and there is not None
+    assert any("differs from its observation" in p for p in there.failures[ADAPTER_CONTRACT])
+    assert (there.step, there.invariant, there.failures) == (here.step, here.invariant, here.failures)
+
+
+def _filling_ops(requests: int, blocks: int) -> list[Op]:
+    """Unique prompts of ``blocks`` blocks (block size 2), every other one released with its blocks kept cached."""
+    ops = []
+    for n in range(requests):
+        ops.append(Op("admit", f"r{n}", tuple(range(n * blocks * 2, (n + 1) * blocks * 2))))
+        if n % 2:
+            ops.append(Op("release", f"r{n}", keep=True))
+    return ops
+
+
+def test_an_agreeing_kth_step_sends_no_observation_over_the_pipe() -> None:
+    """Taking deltas in a child process, a K-th step and the example's end whose comparison agrees send
+    the child's verdict, not the observation: each crosses in fewer bytes than a tenth of the pickled full
+    observation, and the whole state is still judged there (full_checks) on the kit's kept state, which
+    equals the adapter's observation."""
+    config, k = Config(capacity=1024, block_size=2), 4
+    ops = _filling_ops(48, 16)[:-1]  # 768 blocks held or cached at the end; steps past the last K-th step
+    tally = Tally(full_check_every=k)
+    with IsolatedAdapter(ReferencePagedAdapter, timeout=30.0) as adapter:
+        harness = Harness(adapter, config, tally)  # type: ignore[arg-type]
+        crossed = []
+        for op in ops:
+            start = adapter.bytes_received
+            harness.step(op)
+            crossed.append(adapter.bytes_received - start)
+        start = adapter.bytes_received
+        harness.finish()
+        at_end = adapter.bytes_received - start
+        full = adapter.observe()
+    assert harness.live is not None and not differences(harness.live.now(), full)
+    whole = len(pickle.dumps(full))
+    assert len(full.objects) > 700 and whole > 50_000
+    kth = crossed[k - 1 :: k]
+    assert len(kth) == len(ops) // k and tally.full_checks == len(kth) + 1
+    assert max([*kth, at_end]) < whole / 10, (kth, at_end, whole)
 
 
 class NoDeltaAtK1(ReferencePagedAdapter):

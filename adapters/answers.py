@@ -1,0 +1,82 @@
+"""The adapter contract's types: how an adapter's answers break them.
+
+An adapter is user code: its outcome, events, observation and delta are checked for their types before the
+kit judges them. The harness reports these problems as ``adapter_contract``; the isolation child reads
+:func:`malformed_observation` too, so that it vouches for an observation it does not send
+(adapters/kept.py) only where the harness would have found nothing wrong with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvspec.spec import Event, ObjectView, Observation, ObservationDelta, Outcome, RequestView
+
+
+def malformed_answers(outcome: object, events: object) -> list[str]:
+    """How an op's outcome and events break the contract's types (an Outcome, a list of Events)."""
+    problems = []
+    if not isinstance(outcome, Outcome):
+        problems.append(f"returned {outcome!r}, not an Outcome")
+    if not isinstance(events, list) or not all(isinstance(e, Event) for e in events):
+        problems.append(f"events() returned {short(events)}, not a list of Events")
+    return problems
+
+
+def malformed_observation(obs: object) -> list[str]:
+    """How an observation breaks the contract's types (an Observation of int counts, ObjectViews, RequestViews)."""
+    if not isinstance(obs, Observation):
+        return [f"observe() returned {short(obs)}, not an Observation"]
+    problems = []
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (obs.capacity, obs.free)):
+        problems.append(f"capacity {obs.capacity!r} and free {obs.free!r} must be ints")
+    if not isinstance(obs.objects, Mapping) or not all(isinstance(o, ObjectView) for o in obs.objects.values()):
+        problems.append("objects must map oids to ObjectViews")
+    elif not all(type(o.size) is type(o.tokens) is type(o.ref_count) is int for o in obs.objects.values()) and not all(
+        isinstance(n, int) and not isinstance(n, bool)
+        for o in obs.objects.values()
+        for n in (o.size, o.tokens, o.ref_count)
+    ):  # plain ints, the common case, at a third of the cost per object; else the exact test
+        problems.append("an ObjectView's size, tokens and ref_count must be ints")
+    if not isinstance(obs.requests, Mapping) or not all(isinstance(r, RequestView) for r in obs.requests.values()):
+        problems.append("requests must map request ids to RequestViews")
+    index: object = obs.index  # user code: the annotation promises nothing
+    if index is not None and not isinstance(index, Mapping):
+        problems.append("index must be a mapping or None")
+    return problems
+
+
+def malformed(outcome: object, events: object, obs: object) -> list[str]:
+    """How the adapter's answers break the contract's types (an Outcome, a list of Events, an Observation)."""
+    return [*malformed_answers(outcome, events), *malformed_observation(obs)]
+
+
+def malformed_delta(outcome: object, events: object, delta: ObservationDelta) -> list[str]:
+    """How a delta step's answers break the contract's types: those of :func:`malformed`, on the delta's part
+    (the objects and requests the step changed, never the whole pool)."""
+    problems = malformed_answers(outcome, events)
+    if not isinstance(delta.free, int) or isinstance(delta.free, bool):
+        problems.append(f"the delta's free {delta.free!r} must be an int")
+    if not isinstance(delta.objects, Mapping) or not all(isinstance(o, ObjectView) for o in delta.objects.values()):
+        problems.append("the delta's objects must map oids to ObjectViews")
+    elif not all(
+        isinstance(n, int) and not isinstance(n, bool)
+        for o in delta.objects.values()
+        for n in (o.size, o.tokens, o.ref_count)
+    ):
+        problems.append("an ObjectView's size, tokens and ref_count must be ints")
+    if not isinstance(delta.requests, Mapping) or not all(isinstance(r, RequestView) for r in delta.requests.values()):
+        problems.append("the delta's requests must map request ids to RequestViews")
+    index: object = delta.index  # user code: the annotation promises nothing
+    if not isinstance(index, Mapping):
+        problems.append("the delta's index must be a mapping")
+    return problems
+
+
+def short(value: object) -> str:
+    """``repr(value)``, cut to 120 characters."""
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+__all__ = ["malformed", "malformed_answers", "malformed_delta", "malformed_observation", "short"]
