@@ -287,6 +287,54 @@ def test_on_the_recorded_burst_an_eviction_while_a_reply_is_in_transit_is_no_vio
     assert result.seen["in_flight_not_removed unproven"] == 1
 
 
+# Recorded on the tiny vLLM 0.32 CPU server (``kvspec serve-tiny``'s model, 63 blocks): the CI flake made
+# to happen. A burst of 16 prompts of 200 random tokens, 24 generated each, two at a time
+# (``complete_many(prompts, 24, concurrency=2)``), the client holding request load-1's reply 4 s before
+# reading it (``post_json`` wrapped to sleep). No preemption; the other worker's requests fill the pool and
+# evict load-1's blocks inside its window. The code before reported "request load-1 (in flight, not
+# preempted) lost the last cached copy of [...]".
+DELAYED = Path(__file__).parent / "data" / "vllm_live_delayed_reply.jsonl"
+
+
+def slow_request(records: Records) -> tuple[list[int], list[dict[str, Any]]]:
+    """load-1's tokens, and the batches inside its window that evict blocks of its chain."""
+    slow = next(r["request"] for r in records if r.get("request", {}).get("id") == "load-1")
+    tokens = slow["prompt_token_ids"] + slow["output_token_ids"]
+    hasher = BlockHasher(BS)
+    chain = {hasher.published(tokens[: (j + 1) * BS]) for j in range(len(tokens) // BS)}
+    evicted = [
+        b
+        for _, b in batches(records)
+        if slow["started"] < b["ts"] < slow["finished"]
+        and any(e["type"] == "BlockRemoved" and chain & set(e["block_hashes"]) for e in b["events"])
+    ]
+    assert evicted  # the log holds the scenario: load-1's blocks went while its reply was on its way
+    return tokens, evicted
+
+
+def test_on_a_real_server_a_reply_read_late_while_siblings_evict_its_blocks_is_no_violation() -> None:
+    records = load_log(DELAYED)
+    slow_request(records)
+    result = check_recorded(records)
+    assert result.held, result.violations[:3]
+    assert result.checked["in_flight_not_removed"] > 0 and result.seen["in_flight_not_removed unproven"] > 0
+
+
+def test_on_a_real_server_an_eviction_while_the_request_still_decodes_is_reported() -> None:
+    """Seeded: the same stream from an engine that evicted load-1's blocks while it was still decoding:
+    after the evictions load-1 stores its next block (its real hash; the last whole block, which ends on
+    its final sampled token, is one vLLM never stores: it is not in the log)."""
+    records = load_log(DELAYED)
+    tokens, evicted = slow_request(records)
+    hasher, last = BlockHasher(BS), len(tokens) // BS - 1
+    key = hasher.published(tokens[: (last + 1) * BS])
+    assert not any(key in e.get("block_hashes", ()) for _, b in batches(records) for e in b["events"])
+    store = {"block_hashes": [key], "parent_block_hash": hasher.published(tokens[: last * BS])}
+    store |= {"type": "BlockStored", "token_ids": tokens[last * BS :][:BS], "block_size": BS}
+    evicted[-1]["events"].append(store)
+    assert_violated(check_recorded(records), "in_flight_not_removed")
+
+
 def test_a_later_store_of_the_requests_own_chain_proves_it_was_running_when_its_block_went() -> None:
     result = delayed_reply([store([103], 102, range(13, 17))])  # A's block 3: A was still computing
     assert result.violated == ["in_flight_not_removed"], result.violations
