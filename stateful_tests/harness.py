@@ -448,16 +448,17 @@ class Harness:
 def abstract_state(config: Config, obs: Observation) -> Hashable:
     """The shape of a pool, not its names: the pool, free capacity, objects counted by (cached, ref_count up to 2),
     requests counted by state. Two explorers are compared by how many of these they reach (benchmarks/swarm.py)."""
-    shape: Counter[tuple[bool, int]] = Counter((o.key is not None, min(o.ref_count, 2)) for o in obs.objects.values())
-    states = Counter(r.state for r in obs.requests.values())
-    return (
-        config.capacity,
-        config.block_size,
-        obs.free,
-        tuple(sorted(shape.items())),
-        states["running"],
-        states["preempted"],
-    )
+    shape: dict[tuple[bool, int], int] = {}  # one pass, no Counter: it runs on every step of a benchmark
+    for o in obs.objects.values():
+        kind = (o.key is not None, o.ref_count if o.ref_count < 2 else 2)
+        shape[kind] = shape.get(kind, 0) + 1
+    running = preempted = 0
+    for r in obs.requests.values():
+        if r.state == "running":
+            running += 1
+        elif r.state == "preempted":
+            preempted += 1
+    return (config.capacity, config.block_size, obs.free, tuple(sorted(shape.items())), running, preempted)
 
 
 def _raised(exc: Exception) -> str:
