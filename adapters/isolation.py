@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -169,7 +170,7 @@ def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
             where = "".join(traceback.format_exception(exc, limit=-3)).strip()
             reply = ("raised", type(exc).__name__, str(exc), where)
         try:
-            conn.send(reply)
+            conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))  # plain pickle: no ForkingPickler per call
         except Exception as exc:  # the answer does not pickle: say so instead
             conn.send(("raised", type(exc).__name__, f"the adapter's answer cannot be sent to the checker: {exc}", ""))
         if method == "close":
@@ -244,7 +245,7 @@ class IsolatedAdapter:
         if self._conn is None or self._child is None:
             raise ChildDied(f"{method}: the adapter's process is gone (a previous call hung or it died)")
         try:
-            self._conn.send((method, args))
+            self._conn.send_bytes(pickle.dumps((method, args), pickle.HIGHEST_PROTOCOL))
         except (EOFError, OSError):
             raise self._died(method) from None
         except BaseException:
