@@ -33,6 +33,7 @@ import ctypes
 import multiprocessing
 import os
 import pickle
+import select
 import signal
 import time
 import traceback
@@ -217,6 +218,8 @@ class IsolatedAdapter:
         child_end.close()
         _LIVE.add(child)
         self._child, self._conn = child, parent
+        self._readable = select.poll()  # one poll object per child: Connection.poll builds a selector per call
+        self._readable.register(parent.fileno(), select.POLLIN)
         try:
             self._call("build", timeout=self._start_timeout)
         except BaseException:  # the constructor raised or hung: no child outlives a failed start
@@ -259,7 +262,7 @@ class IsolatedAdapter:
             raise ChildDied(f"{method}: the adapter's process is gone (a previous call hung or it died)")
         conn, child = self._conn, self._child
         try:
-            while not conn.poll(0.05):
+            while not self._readable.poll(50):  # ms; an answer, or the pipe closed (then recv_bytes raises EOFError)
                 if not child.is_alive() and not conn.poll(0):
                     raise EOFError
                 if deadline is not None and time.monotonic() > deadline:
