@@ -251,3 +251,18 @@ def test_an_answer_sent_ahead_that_no_step_takes_is_dropped_before_the_next_call
         adapter.send_ahead(ops[3])
         with pytest.raises(CallTimeout):
             adapter.step(ops[3])
+
+
+def test_sending_the_next_op_ahead_changes_no_walk(tmp_path: Path) -> None:
+    """Isolated, the reference adapter gets each next op while its step is judged; in-process nothing is sent
+    ahead. The walks must be the same op for op: same coverage, same counts, same abstract states."""
+    runs = []
+    for isolate in (True, False):
+        states: set[object] = set()
+        result = run_swarm(
+            load("reference"), name="reference", profile=SEEDED_PROFILE, seed=3, max_examples=30,
+            cases_dir=tmp_path, isolate=isolate, states=states,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert result.status == "passed"
+        runs.append((result.tally.steps, result.tally.coverage, result.tally.checked, states))
+    assert runs[0] == runs[1]
