@@ -398,3 +398,35 @@ def test_an_eviction_order_break_is_reported_at_its_step_between_full_checks(nam
     assert whole.invariant == local.invariant == "policy_conformance"
     assert whole.step == local.step == len(ops) - 1
     assert replay_ops(bug.correct(), config, ops, Tally(full_check_every=10**9), refine=False) is None
+
+
+def _quality_per_step(k: int, ops: list[Op]) -> list[tuple[int, int]]:
+    """(steps counted, orphan block-steps) that each op added to the run's policy quality, with K=k."""
+    harness = Harness(ReferenceSharedAwareAdapter(), Config(capacity=6, block_size=2), Tally(full_check_every=k))
+    quality, added, last = harness.memory.quality, [], (0, 0)
+    for op in ops:
+        harness.step(op)
+        now = (quality.steps, quality.orphan_block_steps)
+        added.append((now[0] - last[0], now[1] - last[1]))
+        last = now
+    return added
+
+
+def test_policy_quality_under_deltas_is_the_full_checks_sample_of_every_step() -> None:
+    """With K>1 the orphan figures are counted on the K-th steps (judged whole), each exactly as the full
+    check of every step counts it at that step; before, nothing was counted between resets."""
+    rng, ops = random.Random(7), []
+    shadow = ReferenceSharedAwareAdapter()
+    shadow.reset(Config(capacity=6, block_size=2))
+    for n in range(240):
+        op = random_op(rng, shadow.observe(), n, longest_prompt=6)
+        if op.op == "reset_cache":
+            continue
+        shadow.apply(op)
+        ops.append(op)
+    every, sampled = _quality_per_step(1, ops), _quality_per_step(4, ops)
+    assert all(steps == 1 for steps, _ in every) and sum(o for _, o in every) > 0  # the walk leaves orphans
+    kth = [i for i in range(len(ops)) if (i + 1) % 4 == 0]
+    assert [i for i, (steps, _) in enumerate(sampled) if steps] == kth
+    assert [sampled[i][1] for i in kth] == [every[i][1] for i in kth]
+    assert sum(sampled[i][1] for i in kth) > 0

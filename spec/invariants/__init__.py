@@ -82,7 +82,7 @@ def check_transition(t: Transition, whole: Transition | None = None) -> dict[str
             if more is not None:
                 problems = [*(problems or []), *(p for p in more if p not in (problems or []))]
         results[inv.name] = problems
-    t.memory.track(t)
+    t.memory.track(t, whole)
     return results
 
 

@@ -70,7 +70,7 @@ class KeyMemory:
             return key if isinstance(key, tuple) else None
         return self.content.get(key)
 
-    def track(self, t: Transition) -> None:
+    def track(self, t: Transition, whole: Transition | None = None) -> None:
         """Learn from a checked transition what the policy checks need next: LRU order, share degrees, quality.
 
         Keeps: ``free_order`` holds exactly the cached blocks with ref_count 0 whose
@@ -78,7 +78,8 @@ class KeyMemory:
         tail block first); ``share_peak`` holds every object of ``t.after``. On a delta step's
         local part (``t.touched``) the same, learned from the touched objects and requests only
         (the others did not change); policy quality, a measurement over the whole state, is
-        counted on whole-state steps only.
+        counted on whole-state steps only: ``t`` itself, or ``whole``, the same step over the whole state
+        (a K-th step), so under deltas its figures are a sample of every K-th step.
         """
         if t.semantics.granularity != "block":
             return
@@ -86,8 +87,9 @@ class KeyMemory:
         gone_reqs = set(self.chains) - set(t.after.requests) if touched is None else touched[1] - set(t.after.requests)
         for req in gone_reqs:
             self.chains.pop(req, None)
-        if touched is None:
-            self.quality.add(t, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before
+        judged = t if touched is None else whole
+        if judged is not None:
+            self.quality.add(judged, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before
         before, after = t.before, t.after
         left = {e.oid for e in t.events}
         for oid, obj in after.objects.items():
