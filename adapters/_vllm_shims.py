@@ -268,6 +268,18 @@ def hash_map_entries(pool: Any) -> Iterator[tuple[Any, tuple[Any, ...]]]:
             yield key, (value,)
 
 
+def hash_map_index(pool: Any) -> dict[Any, tuple[Any, ...]]:
+    """key -> the ids of the blocks cached under it: ``hash_map_entries`` as ids, in one pass over the map
+    (a dict value is keyed by block id in every release; a whole pool's map at every full observation)."""
+    cache = pool.cached_block_hash_to_block
+    raw = getattr(cache, "_cache", cache)
+    return {
+        key: tuple(value) if isinstance(value, dict) else (value.block_id,)
+        for key, value in raw.items()
+        if value or not isinstance(value, dict)
+    }
+
+
 def cached_under(pool: Any, key: Any) -> tuple[Any, ...]:
     """The blocks the pool's hash map holds under one key, in its own order (as ``hash_map_entries`` lists them)."""
     cache = pool.cached_block_hash_to_block

@@ -8,9 +8,12 @@ kit judges them. The harness reports these problems as ``adapter_contract``; the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from operator import attrgetter
 
 from kvspec.spec import Event, ObjectView, Observation, ObservationDelta, Outcome, RequestView
+
+_COUNTS = (attrgetter("size"), attrgetter("tokens"), attrgetter("ref_count"))
 
 
 def malformed_answers(outcome: object, events: object) -> list[str]:
@@ -30,13 +33,9 @@ def malformed_observation(obs: object) -> list[str]:
     problems = []
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (obs.capacity, obs.free)):
         problems.append(f"capacity {obs.capacity!r} and free {obs.free!r} must be ints")
-    if not isinstance(obs.objects, Mapping) or not all(isinstance(o, ObjectView) for o in obs.objects.values()):
+    if not isinstance(obs.objects, Mapping) or not _all_of(ObjectView, obs.objects.values()):
         problems.append("objects must map oids to ObjectViews")
-    elif not all(type(o.size) is type(o.tokens) is type(o.ref_count) is int for o in obs.objects.values()) and not all(
-        isinstance(n, int) and not isinstance(n, bool)
-        for o in obs.objects.values()
-        for n in (o.size, o.tokens, o.ref_count)
-    ):  # plain ints, the common case, at a third of the cost per object; else the exact test
+    elif not _counts_are_ints(obs.objects.values()):
         problems.append("an ObjectView's size, tokens and ref_count must be ints")
     if not isinstance(obs.requests, Mapping) or not all(isinstance(r, RequestView) for r in obs.requests.values()):
         problems.append("requests must map request ids to RequestViews")
@@ -44,6 +43,19 @@ def malformed_observation(obs: object) -> list[str]:
     if index is not None and not isinstance(index, Mapping):
         problems.append("index must be a mapping or None")
     return problems
+
+
+def _all_of(kind: type, values: Collection[object]) -> bool:
+    """Every value is a ``kind``. The exact ``type(v) is kind`` of the common case is read at C speed
+    (a whole pool's views at every K-th step); a subclass takes the per-value isinstance."""
+    return set(map(type, values)) <= {kind} or all(isinstance(v, kind) for v in values)
+
+
+def _counts_are_ints(views: Collection[ObjectView]) -> bool:
+    """Every view's size, tokens and ref_count is an int, not a bool (plain ints at C speed, as ``_all_of``)."""
+    if set().union(*(map(type, map(count, views)) for count in _COUNTS)) <= {int}:
+        return True
+    return all(isinstance(n, int) and not isinstance(n, bool) for o in views for n in (o.size, o.tokens, o.ref_count))
 
 
 def malformed(outcome: object, events: object, obs: object) -> list[str]:
@@ -57,13 +69,9 @@ def malformed_delta(outcome: object, events: object, delta: ObservationDelta) ->
     problems = malformed_answers(outcome, events)
     if not isinstance(delta.free, int) or isinstance(delta.free, bool):
         problems.append(f"the delta's free {delta.free!r} must be an int")
-    if not isinstance(delta.objects, Mapping) or not all(isinstance(o, ObjectView) for o in delta.objects.values()):
+    if not isinstance(delta.objects, Mapping) or not _all_of(ObjectView, delta.objects.values()):
         problems.append("the delta's objects must map oids to ObjectViews")
-    elif not all(
-        isinstance(n, int) and not isinstance(n, bool)
-        for o in delta.objects.values()
-        for n in (o.size, o.tokens, o.ref_count)
-    ):
+    elif not _counts_are_ints(delta.objects.values()):
         problems.append("an ObjectView's size, tokens and ref_count must be ints")
     if not isinstance(delta.requests, Mapping) or not all(isinstance(r, RequestView) for r in delta.requests.values()):
         problems.append("the delta's requests must map request ids to RequestViews")

@@ -32,6 +32,8 @@ import contextlib
 import ctypes
 import multiprocessing
 import os
+import pickle
+import select
 import signal
 import time
 import traceback
@@ -169,7 +171,7 @@ def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
             where = "".join(traceback.format_exception(exc, limit=-3)).strip()
             reply = ("raised", type(exc).__name__, str(exc), where)
         try:
-            conn.send(reply)
+            conn.send_bytes(pickle.dumps(reply, pickle.HIGHEST_PROTOCOL))  # plain pickle: no ForkingPickler per call
         except Exception as exc:  # the answer does not pickle: say so instead
             conn.send(("raised", type(exc).__name__, f"the adapter's answer cannot be sent to the checker: {exc}", ""))
         if method == "close":
@@ -191,6 +193,9 @@ class IsolatedAdapter:
         self._child: BaseProcess | None = None
         self._conn: Connection | None = None
         self.bytes_received = 0  # every answer's pickled bytes that crossed the pipe (a test can read what crossed)
+        # A step sent ahead (:meth:`send_ahead`) and not answered yet: (op, observe, deadline, the fault sending it
+        # raised, for its step to raise); None: nothing in flight.
+        self._ahead: tuple[Op, str, float | None, AdapterFault | None] | None = None
         self._spawn()
         try:
             name, caps = self._call("meta", timeout=self._start_timeout)
@@ -213,6 +218,8 @@ class IsolatedAdapter:
         child_end.close()
         _LIVE.add(child)
         self._child, self._conn = child, parent
+        self._readable = select.poll()  # one poll object per child: Connection.poll builds a selector per call
+        self._readable.register(parent.fileno(), select.POLLIN)
         try:
             self._call("build", timeout=self._start_timeout)
         except BaseException:  # the constructor raised or hung: no child outlives a failed start
@@ -231,14 +238,31 @@ class IsolatedAdapter:
             _LIVE.discard(child)
 
     def _call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        self._drop_ahead()
+        limit = self.timeout if timeout is None else timeout
+        deadline = self._send(method, args, limit)
+        return self._receive(method, limit, deadline)
+
+    def _send(self, method: str, args: tuple[Any, ...], limit: float | None) -> float | None:
+        """Send one call; its deadline (None: no limit). The child answers calls in the order they were sent."""
         if self._conn is None or self._child is None:
             raise ChildDied(f"{method}: the adapter's process is gone (a previous call hung or it died)")
-        limit = self.timeout if timeout is None else timeout
+        try:
+            self._conn.send_bytes(pickle.dumps((method, args), pickle.HIGHEST_PROTOCOL))
+        except (EOFError, OSError):
+            raise self._died(method) from None
+        except BaseException:
+            self._stop()
+            raise
+        return None if limit is None else time.monotonic() + limit
+
+    def _receive(self, method: str, limit: float | None, deadline: float | None) -> Any:
+        """The answer to the call sent last, by ``deadline``; a timeout kills the child (CallTimeout)."""
+        if self._conn is None or self._child is None:
+            raise ChildDied(f"{method}: the adapter's process is gone (a previous call hung or it died)")
         conn, child = self._conn, self._child
         try:
-            conn.send((method, args))
-            deadline = None if limit is None else time.monotonic() + limit
-            while not conn.poll(0.05):
+            while not self._readable.poll(50):  # ms; an answer, or the pipe closed (then recv_bytes raises EOFError)
                 if not child.is_alive() and not conn.poll(0):
                     raise EOFError
                 if deadline is not None and time.monotonic() > deadline:
@@ -248,11 +272,7 @@ class IsolatedAdapter:
             self.bytes_received += len(data)
             reply = ForkingPickler.loads(data)
         except (EOFError, OSError):
-            child.join(timeout=5)
-            code = child.exitcode
-            self._stop()
-            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-            raise ChildDied(f"the adapter's process {how} during {method}") from None
+            raise self._died(method) from None
         except BaseException:  # a timeout, or the kit interrupted mid-call: the pipe is out of step, end the child
             self._stop()
             raise
@@ -262,8 +282,32 @@ class IsolatedAdapter:
 
     # -- the adapter contract -------------------------------------------------------------
 
+    def _died(self, method: str) -> ChildDied:
+        """The child ended during ``method``: joined and forgotten; how it ended."""
+        child = self._child
+        code = None
+        if child is not None:
+            child.join(timeout=5)
+            code = child.exitcode
+        self._stop()
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        return ChildDied(f"the adapter's process {how} during {method}")
+
+    def _drop_ahead(self) -> None:
+        """Read and discard the answer to a step sent ahead that no :meth:`step` took (the step before it broke
+        an invariant, so the walk ended): under its timeout; whatever it raised is dropped with it, and a hang or
+        a death leaves no child (the next :meth:`reset` forks a fresh one)."""
+        if self._ahead is None:
+            return
+        _, _, deadline, fault = self._ahead
+        self._ahead = None
+        if fault is None:
+            with contextlib.suppress(AdapterFault):
+                self._receive("step", self.timeout, deadline)
+
     def reset(self, config: Config) -> None:
         """Start over with an empty pool; a fresh child first if the last one hung or died."""
+        self._drop_ahead()
         if self._child is None:
             self._spawn()
         self._call("reset", config)
@@ -289,8 +333,28 @@ class IsolatedAdapter:
         the child keeps from the deltas equals the observation, Agreed and no observation; the observation
         crosses only where they differ, adapters/kept.py).
         """
-        answer: tuple[Any, Any, Any] = self._call("step", op, observe)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is op and ahead[1] == observe:  # sent ahead: only its answer to wait for
+            if ahead[3] is not None:
+                raise ahead[3]
+            answer: tuple[Any, Any, Any] = self._receive("step", self.timeout, ahead[2])
+            return answer
+        self._ahead = ahead
+        answer = self._call("step", op, observe)
         return answer
+
+    def send_ahead(self, op: Op, observe: str = "full") -> None:
+        """Send ``step(op, observe)`` now and return at once, so that the child runs it while the kit checks the
+        step before; the next :meth:`step` with this very ``op`` only waits for its answer.
+
+        Attribution stays the step's own: the call's timeout runs from now, and its answer, a hang or a death is
+        raised by that :meth:`step`, never by another call. An answer no step takes (the walk ended first) is
+        read and dropped before the child's next call (:meth:`_drop_ahead`)."""
+        self._drop_ahead()
+        try:
+            self._ahead = (op, observe, self._send("step", (op, observe), self.timeout), None)
+        except AdapterFault as fault:  # the child is gone: its step says so
+            self._ahead = (op, observe, None, fault)
 
     def observe_keeping(self) -> Observation:
         """observe(), and the child keeps the state kept from the deltas from it (an example's start)."""
@@ -309,6 +373,7 @@ class IsolatedAdapter:
     def close(self) -> None:
         """Close the adapter (under the timeout) and end its child; a hang or death here is reported too."""
         try:
+            self._drop_ahead()
             if self._child is not None:
                 self._call("close")
         finally:

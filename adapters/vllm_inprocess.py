@@ -397,13 +397,13 @@ class VllmProjection:
             if not b.is_null and (b.ref_cnt != 0 or b.block_hash is not None)
         }
         walk = shims.walk_free_queue(pool.free_block_queue, bound=len(pool.blocks) + 1)
-        cached_free = sum(1 for b in walk.blocks if b.block_hash is not None and b.ref_cnt == 0)
-        index = {key: tuple(b.block_id for b in blocks) for key, blocks in shims.hash_map_entries(pool)}
+        cached_free = [b for b in walk.blocks if b.ref_cnt == 0 and b.block_hash is not None]
+        index = shims.hash_map_index(pool)
         self._since_observed(whole=True)
         self._whole, self._held, self._tokens = False, set(objects), tokens_in
-        self._queued_cached = {b.block_id for b in walk.blocks if b.block_hash is not None and b.ref_cnt == 0}
+        self._queued_cached = {b.block_id for b in cached_free}
         return Observation(
-            pool.num_gpu_blocks - 1, walk.counter - cached_free, objects, requests, index, self._extra(walk)
+            pool.num_gpu_blocks - 1, walk.counter - len(cached_free), objects, requests, index, self._extra(walk)
         )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import resource
 import sys
 import time
 from collections.abc import Callable, Hashable
@@ -67,11 +68,12 @@ class Recorder(Harness):
         Recorder.log.append((self.config, self.ops))
 
 
-def bare_rate(name: str, log: list[tuple[Any, list[Op]]]) -> float:
-    """Steps/s of the adapter alone (apply, events, observe) on the recorded ops, in this process."""
+def bare_rate(name: str, log: list[tuple[Any, list[Op]]]) -> tuple[float, float]:
+    """Steps/s of the adapter alone (apply, events, observe) on the recorded ops, in this process, and the CPU
+    seconds it spent per step."""
     adapter = load(name)()
     n = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     for config, ops in log:
         adapter.reset(config)
         for op in ops:
@@ -79,7 +81,14 @@ def bare_rate(name: str, log: list[tuple[Any, list[Op]]]) -> float:
             adapter.events()
             adapter.observe()
             n += 1
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), (cpu_seconds() - c0) / max(n, 1)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user and system) of this process and of its children that have ended: an isolated adapter's
+    child is joined when the run closes it, so a run's figure counts the kit's process and the adapter's."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
 def adapter_rows(examples: int, ks: tuple[int, ...] = ()) -> list[dict[str, Any]]:
@@ -104,15 +113,18 @@ def adapter_rows(examples: int, ks: tuple[int, ...] = ()) -> list[dict[str, Any]
                     kwargs["isolate"] = False
                 if engine == "hypothesis":
                     machine_module.Harness = _counting(states)  # type: ignore[misc]
+                c0 = cpu_seconds()
                 result = run(
                     load(name), name=name, profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp),
                     **kwargs,
                 )  # fmt: skip
+                cpu = cpu_seconds() - c0
         finally:
             machine_module.Harness, swarm_module.Harness = originals  # type: ignore[misc]
         assert result.status == "passed", result.report().table()
         checked = result.tally.steps / result.duration_s
-        bare = bare_rate(name, Recorder.log)
+        bare, bare_cpu = bare_rate(name, Recorder.log)
+        checked_cpu = cpu / max(result.tally.steps, 1)
         rows.append(
             {
                 "adapter": name,
@@ -124,6 +136,9 @@ def adapter_rows(examples: int, ks: tuple[int, ...] = ()) -> list[dict[str, Any]
                 "checked_steps_per_s": round(checked),
                 "bare_steps_per_s": round(bare),
                 "share_of_bare": round(checked / bare, 3),
+                "checked_cpu_us_per_step": round(checked_cpu * 1e6, 1),
+                "bare_cpu_us_per_step": round(bare_cpu * 1e6, 1),
+                "cpu_share_of_bare": round(bare_cpu / checked_cpu, 3),
                 "abstract_states": len(states),
                 "abstract_states_per_min": round(len(states) / result.duration_s * 60),
             }
@@ -185,17 +200,27 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "K is `--full-check-every`: the whole state judged every K steps, the part a step changed on the "
         "others (docs/incremental.md; the reference adapter reports deltas). The bare adapter replays the same ops "
-        "with apply, events and a full observe, in this process.",
+        "with apply, events and a full observe, in this process. Share of bare: checked steps/s over bare steps/s "
+        "(wall clock: on a loaded machine it moves by several points from run to run). CPU: CPU microseconds per "
+        "step, user and system, of the kit's process and the adapter's child together (engine `swarm` and "
+        "`hypothesis` run the adapter in a child); the CPU share is bare CPU over checked CPU: what a step costs "
+        "in work whatever the load (the child runs the next step while the kit judges this one, so on a free "
+        "second core the wall share can exceed it).",
         "",
         "| adapter | engine | K | examples | checked steps | checked steps/s | bare steps/s | share of bare "
-        "| abstract states | states/min |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU us/step checked | CPU us/step bare | share of bare (CPU) | abstract states | states/min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["adapters"]:
+        cpu = (
+            f"| {r['checked_cpu_us_per_step']} | {r['bare_cpu_us_per_step']} | {r['cpu_share_of_bare']:.1%} "
+            if "cpu_share_of_bare" in r
+            else "| | | "
+        )
         lines.append(
             f"| {r['adapter']} | {r['engine']} | {r.get('full_check_every', 1)} | {r['examples']} "
             f"| {r['checked_steps']} | {r['checked_steps_per_s']} "
-            f"| {r['bare_steps_per_s']} | {r['share_of_bare']:.1%} | {r['abstract_states']} "
+            f"| {r['bare_steps_per_s']} | {r['share_of_bare']:.1%} {cpu}| {r['abstract_states']} "
             f"| {r['abstract_states_per_min']} |"
         )
     lines += [

@@ -10,12 +10,13 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 Oid = Hashable
 RequestState = Literal["running", "preempted"]
 
 
-@dataclass(frozen=True)
-class ObjectView:
+class ObjectView(msgspec.Struct, frozen=True, gc=False):
     """One cache object that occupies capacity: a block, a shared record or an entry.
 
     ``key`` is the implementation's cache key (a block hash, a prefix), None while
@@ -31,8 +32,7 @@ class ObjectView:
     last_used: int | None = None
 
 
-@dataclass(frozen=True)
-class RequestView:
+class RequestView(msgspec.Struct, frozen=True, gc=False):
     """A live request: its tokens (prompt first) and the objects it references, in order.
 
     At block granularity ``objects`` is the block table. A preempted request keeps

@@ -18,8 +18,10 @@ prefix each hash stands for (a block is identified by its whole token prefix, as
 - ``cached_tokens_within_bounds``: a concurrent request hits between the least and the most such
   prefix seen while it was in flight;
 - ``in_flight_not_removed``: no block that a request still holds (its hits, if it was alone when
-  it arrived, and the blocks it stored) loses its last cached copy while the request is in flight
-  and was not preempted;
+  it arrived, and the blocks it stored) loses its last cached copy while the request is running on
+  the server and was not preempted. A request alone in its window is judged at the removal; one
+  whose window overlaps others only once the stream proves it was still running after the removal
+  (see :meth:`StreamLedger._check_holders`);
 - ``idle_usage_zero``: the usage gauge reads 0 whenever nothing is in flight;
 - ``event_sequence_contiguous``: batch sequence numbers run without gap or reordering.
 
@@ -151,12 +153,19 @@ class MetricSnapshot:
 
 @dataclass
 class InFlight:
-    """A request between its start and finish: the blocks it holds and the hit bounds seen so far."""
+    """A request between its start and finish: the blocks it holds and the hit bounds seen so far.
+
+    ``suspect`` keeps, for a request that is not alone, each held block that lost its last cached copy
+    while the request was in flight by the client's clock: the block's index in its chain and where it
+    went. Each one is either proven (a failure) or dropped when the request finishes.
+    """
 
     record: RequestRecord
     chain: dict[Prefix, int]  # the prefix of each of its blocks -> block index
     guarded: bool  # known not preempted: its blocks must keep a cached copy
-    held: set[Hashable] = field(default_factory=set)
+    alone: bool = False  # no other request's window overlaps its own
+    held: dict[Hashable, int] = field(default_factory=dict)  # hash -> its block index in ``chain``
+    suspect: dict[Hashable, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     stored: Counter[Prefix] = field(default_factory=Counter)  # blocks it has been credited with storing
     least: int = 0
     most: int = 0
@@ -198,7 +207,8 @@ class StreamLedger:
     only a request's prefix lookup reads, is not kept.
     Kept: ``total`` is the sum of ``copies``; a hash is in ``node`` (and, with requests, ``child``) exactly
     while its prefix is known and it or a descendant in ``node`` has a cached copy (``kids`` counts those
-    descendants).
+    descendants), or, once removed, while an in-flight request suspects its removal (its child's store is
+    the proof).
     """
 
     def __init__(
@@ -282,21 +292,18 @@ class StreamLedger:
         return self.total
 
     def _forget(self, key: Hashable) -> None:
-        """Drop ``key``'s node, which is in ``node`` with no cached copy and no known descendant; then its
-        parent's, while that leaves the parent so (the caller has found ``key`` so: no lookup is repeated)."""
+        """Drop ``key``'s node once it has no cached copy and no known descendant; then its parent's."""
         copies, kids, node_of, state, child_of = self.copies, self.kids, self.node, self.state, self.child
-        while True:
+        while key is not None and key in node_of and copies.get(key, 0) <= 0 and kids.get(key, 0) <= 0:
             parent, tokens = node_of.pop(key)
             if child_of and child_of.get((parent, tokens)) == key:
                 del child_of[(parent, tokens)]
             state.pop(key, None)
             kids.pop(key, None)
+            copies.pop(key, None)
             if parent is None:
                 return
-            left = kids.get(parent, 0) - 1
-            kids[parent] = left
-            if left > 0 or parent not in node_of or copies.get(parent, 0) > 0:
-                return
+            kids[parent] = kids.get(parent, 0) - 1
             key = parent
 
     # -- batches and events ----------------------------------------------------------
@@ -495,13 +502,17 @@ class StreamLedger:
     def _hold(self, key: Hashable, block: Prefix) -> None:
         """A stored block is held by the one in-flight request whose chain has it past its hits.
 
-        That request has been scheduled, so its hit bounds stop moving: the lookup is behind it.
+        That request has been scheduled, so its hit bounds stop moving: the lookup is behind it. It is
+        also computing now, on the server: a suspected removal of one of its earlier blocks is proven.
         """
         owners = [f for f in self.in_flight.values() if block in f.chain]
         if len(owners) == 1:
-            owners[0].scheduled = True
-            if owners[0].chain[block] >= self._hits(owners[0]):
-                owners[0].held.add(key)
+            owner, index = owners[0], owners[0].chain[block]
+            owner.scheduled = True
+            if owner.suspect:
+                self._prove(owner, index)
+            if index >= self._hits(owner):
+                owner.held[key] = index
 
     def removed(self, keys: Iterable[Hashable]) -> None:
         """A BlockRemoved: one cached copy less of each of ``keys`` (``removed_was_cached``, in order)."""
@@ -525,9 +536,8 @@ class StreamLedger:
                     self._check_holders({key})
                 continue
             del copies[key]
-            if self.in_flight:
-                self._check_holders({key})
-            if key in node_of and self.kids.get(key, 0) <= 0:
+            suspected = bool(self.in_flight) and self._check_holders({key})
+            if key in node_of and self.kids.get(key, 0) <= 0 and not suspected:
                 self._forget(key)
         if removed:
             r.seen["removed"] += removed
@@ -549,19 +559,59 @@ class StreamLedger:
         if self.in_flight:
             self._check_holders(gone)
 
-    def _check_holders(self, gone: set[Hashable]) -> None:
-        r = self.result
+    def _check_holders(self, gone: set[Hashable]) -> bool:
+        """``in_flight_not_removed`` for the last copies of ``gone``; True when one is now suspected.
+
+        The client's window of a request (sent to reply read) holds its life on the server, but may end
+        well after it: the server frees a finished request's blocks before the reply reaches the client.
+        A request alone in its window has no sibling on the server to evict them, so a loss is judged at
+        once. For one that is not alone the loss is a suspicion (``suspect``), proven by :meth:`_prove`
+        when the stream later shows the request still computing: a store that only it can have made of
+        a block of its chain past the lost one. Given up: a loss after the request's last store (vLLM
+        never stores the block holding the final sampled token, so its last whole block may never be).
+        """
+        r, copies, suspected = self.result, self.copies, False
         for flight in self.in_flight.values():
             if not flight.guarded:
                 continue
             r.checked["in_flight_not_removed"] += 1
-            lost = sorted(str(k) for k in flight.held & gone if self.copies.get(k, 0) <= 0)
-            if lost:
+            lost = sorted((k for k in flight.held.keys() & gone if copies.get(k, 0) <= 0), key=str)
+            if not lost:
+                continue
+            if flight.alone:
                 r.fail(
                     "in_flight_not_removed",
                     self.where,
-                    f"request {flight.record.id} (in flight, not preempted) lost the last cached copy of {lost[:3]}",
+                    f"request {flight.record.id} (in flight, not preempted) lost the last cached copy of "
+                    f"{[str(k) for k in lost[:3]]}",
                 )
+                continue
+            for key in lost:
+                flight.suspect[key] = (flight.held[key], dict(self.where))
+            suspected = True
+        return suspected
+
+    def _prove(self, flight: InFlight, index: int) -> None:
+        """``flight`` stored block ``index`` of its chain now: its suspected losses of earlier blocks fail."""
+        proven = sorted(((at, str(key)) for key, (at, _) in flight.suspect.items() if at < index))
+        if not proven:
+            return
+        went = min((where for at, where in flight.suspect.values() if at < index), key=lambda w: w.get("batch", -1))
+        flight.suspect = {key: seen for key, seen in flight.suspect.items() if seen[0] >= index}
+        self.result.fail(
+            "in_flight_not_removed",
+            self.where,
+            f"request {flight.record.id} (not preempted) lost the last cached copy of {[k for _, k in proven[:3]]} "
+            f"(blocks {[at for at, _ in proven[:3]]} of its chain) at batch {went.get('batch')} (seq "
+            f"{went.get('seq')}) and was still running after: it stored block {index} of its chain here",
+        )
+
+    def _unsuspect(self, flight: InFlight) -> None:
+        """``flight`` finished unproven: its suspicions are dropped, and the removed prefixes they kept."""
+        self.result.seen["in_flight_not_removed unproven"] += len(flight.suspect)
+        for key in flight.suspect:
+            if key in self.node and not any(key in f.suspect for f in self.in_flight.values()):
+                self._forget(key)
 
     # -- requests and gauges ---------------------------------------------------------
 
@@ -572,10 +622,12 @@ class StreamLedger:
         tokens = record.prompt + (record.output or ())
         chain = {tuple(tokens[: (j + 1) * bs]): j for j in range(len(tokens) // bs)}
         now = self.cached_prefix_blocks(record.prompt)
-        flight = InFlight(record, chain, guarded=record.preempted is False, least=now, most=now, known=self.known)
+        guarded = record.preempted is False
+        flight = InFlight(record, chain, guarded, alone, least=now, most=now, known=self.known)
         if alone and record.cached_tokens is not None:
             # Sent alone, it is scheduled before anything else can touch the index: its hits are held from now.
-            flight.held.update(self._chain_keys(record.prompt, min(self._hits(flight), now)))
+            hits = self._chain_keys(record.prompt, min(self._hits(flight), now))
+            flight.held.update((key, j) for j, key in enumerate(hits))
         where = {"request": record.id, "started": record.started}
         if record.exact and record.cached_tokens is not None and self.known:
             r.checked["predicted_cached_tokens"] += 1
@@ -592,6 +644,8 @@ class StreamLedger:
         """A request's response arrived: judge its hit against the bounds seen while it was in flight."""
         r, bs = self.result, self.block_size
         flight = self.in_flight.pop(record.id, None)
+        if flight is not None and flight.suspect:
+            self._unsuspect(flight)
         if flight is None or record.exact or record.cached_tokens is None or not flight.known:
             return
         r.checked["cached_tokens_within_bounds"] += 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -133,6 +133,10 @@ class Harness:
         # An adapter in a child process keeps a copy of the state kept here and compares it with its full
         # observation there (adapters/kept.py): the observation crosses the pipe only where they differ.
         self.compared = keeping and isinstance(adapter, IsolatedAdapter)
+        # An adapter in a child process, judged whole every step, with its input checked by itself: the next op
+        # can be sent before this step is judged (step's ``then``), so the child runs it meanwhile.
+        self.sends_ahead = isinstance(adapter, IsolatedAdapter) and not keeping and not self.kit_validates
+        self.upcoming: Op | None = None  # the op ``then`` chose after the last step (step's ``then``)
         self.obs = self._start()
         # The whole state kept from the adapter's deltas; None: a full observation every step (today's path).
         self.live: LiveObservation | None = None
@@ -193,8 +197,16 @@ class Harness:
             return outcome, events, self.adapter.observe() if delta is None else delta
         return outcome, events, (delta, self.adapter.observe())
 
-    def step(self, op: Op) -> Outcome:
+    def step(self, op: Op, then: Callable[[Observation], Op] | None = None) -> Outcome:
         """Apply ``op`` and check it; raise Violation when any invariant breaks.
+
+        ``then`` (the swarm's walker): the next op, chosen from the state this step left; it is kept in
+        ``self.upcoming``. Where the harness can (``sends_ahead``), ``then`` is asked as soon as the adapter's
+        answer is well formed, before the invariants judge it, and the op it chose is sent to the child at once
+        (``IsolatedAdapter.send_ahead``), so the child runs it while this step is judged; the state ``then``
+        reads is the very observation judged, so a walk is the same op for op either way. Attribution is kept:
+        the op sent ahead is not in ``self.ops`` until its own step; its answer, hang or death is raised there;
+        if this step breaks, its answer is dropped unread by the child's next call.
 
         Taking deltas (``self.live``), a step whose number is not a multiple of K is checked on the part
         it changed (the incremental invariants); every K-th step takes the adapter's delta and its full
@@ -205,6 +217,7 @@ class Harness:
         """
         index = len(self.ops)
         self.ops.append(op)
+        self.upcoming = None
         predicted = self.model.step(op) if self.model is not None else None
         observe = "full" if self.live is None else "delta"
         if self.live is not None and (index + 1) % self.every == 0:
@@ -280,6 +293,8 @@ class Harness:
                 self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
             assert isinstance(raw, Outcome) and isinstance(events, list) and isinstance(answer, Observation)
             before, after = self.obs, answer
+            if then is not None and self.sends_ahead:
+                then = self._send_ahead(then, answer)
             if self.live is not None:
                 if isinstance(delta, ObservationDelta):
                     wrong = malformed_delta(raw, events, delta)
@@ -318,7 +333,26 @@ class Harness:
         if self.tally.states is not None:
             self.tally.states.add(abstract_state(self.config, after))
         self.obs = after
+        if then is not None:
+            self.upcoming = then(after)
         return outcome
+
+    def _send_ahead(self, then: Callable[[Observation], Op], answer: Observation) -> Callable[[Observation], Op]:
+        """Ask ``then`` for the next op on the adapter's (well-formed, not yet judged) ``answer`` and send it to the
+        child now; what ``step`` asks once the step is judged: that op (or what ``then`` raised, raised only
+        then, where it would have been raised without sending ahead)."""
+        assert isinstance(self.adapter, IsolatedAdapter)
+        try:
+            upcoming = then(answer)
+        except Exception as exc:
+            failed = exc
+
+            def reraise(_: Observation) -> Op:
+                raise failed
+
+            return reraise
+        self.adapter.send_ahead(upcoming)
+        return lambda _: upcoming
 
     def _judged(self, results: Mapping[str, list[str] | None]) -> dict[str, list[str]]:
         """Count each judged invariant; the problems of those broken and not ignored."""
@@ -414,16 +448,17 @@ class Harness:
 def abstract_state(config: Config, obs: Observation) -> Hashable:
     """The shape of a pool, not its names: the pool, free capacity, objects counted by (cached, ref_count up to 2),
     requests counted by state. Two explorers are compared by how many of these they reach (benchmarks/swarm.py)."""
-    shape: Counter[tuple[bool, int]] = Counter((o.key is not None, min(o.ref_count, 2)) for o in obs.objects.values())
-    states = Counter(r.state for r in obs.requests.values())
-    return (
-        config.capacity,
-        config.block_size,
-        obs.free,
-        tuple(sorted(shape.items())),
-        states["running"],
-        states["preempted"],
-    )
+    shape: dict[tuple[bool, int], int] = {}  # one pass, no Counter: it runs on every step of a benchmark
+    for o in obs.objects.values():
+        kind = (o.key is not None, o.ref_count if o.ref_count < 2 else 2)
+        shape[kind] = shape.get(kind, 0) + 1
+    running = preempted = 0
+    for r in obs.requests.values():
+        if r.state == "running":
+            running += 1
+        elif r.state == "preempted":
+            preempted += 1
+    return (config.capacity, config.block_size, obs.free, tuple(sorted(shape.items())), running, preempted)
 
 
 def _raised(exc: Exception) -> str:

@@ -34,7 +34,7 @@ from kvspec.adapters.base import Adapter, Capabilities
 from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
 from kvspec.report import now
-from kvspec.spec import Config, Op
+from kvspec.spec import Config, Observation, Op
 from kvspec.spec.invariants import PolicyQuality
 from kvspec.spec.ops import OpKind, bad_input_kinds
 
@@ -142,16 +142,32 @@ class Walker:
         self.contracts = tuple(sorted(caps.contracts))
         self.next_id = 0
         self.history: list[tuple[int, ...]] = []
+        self.appended: str | None = None  # the request the last op appended to, if it was an append
 
     def walk(self, steps: int) -> None:
-        """``steps`` ops, each a move drawn from those enabled; raises Violation (or AdapterHung) when one breaks."""
-        for _ in range(steps):
-            self._move(self.rng.choice(self._enabled_moves()))
+        """``steps`` ops, each a move drawn from those enabled; raises Violation (or AdapterHung) when one breaks.
+
+        Each step hands the harness the choice of the next op (``Harness.step``'s ``then``), so that an adapter
+        in a child process can run it while the step is judged; the choice reads the state the step left.
+        """
+        op = self._next(self.harness.obs)
+        for number in range(steps):
+            self.harness.step(op, self._next if number + 1 < steps else None)
+            op = self.harness.upcoming  # type: ignore[assignment]  # set by ``then`` on every step but the last
         self.harness.finish()
 
-    def _enabled_moves(self) -> list[str]:
-        """The walk's moves whose precondition holds now, in the swarm's order (one pass over the requests)."""
-        obs = self.harness.obs
+    def _next(self, obs: Observation) -> Op:
+        """The next op, from ``obs``, the state the last step left: what that step taught the walk first (an
+        append's request tokens join the prompts seen), then a move drawn from those enabled, then its op."""
+        if self.appended is not None:
+            request = obs.requests.get(self.appended)
+            if request is not None:
+                self.history.append(request.tokens)
+            self.appended = None
+        return self._op(self.rng.choice(self._enabled_moves(obs)), obs)
+
+    def _enabled_moves(self, obs: Observation) -> list[str]:
+        """The walk's moves whose precondition holds in ``obs``, in the swarm's order (one pass over the requests)."""
         states = {r.state for r in obs.requests.values()}
         running, preempted = "running" in states, "preempted" in states
         enabled = []
@@ -172,8 +188,9 @@ class Walker:
                 enabled.append(move)
         return enabled
 
-    def _requests(self, state: str) -> list[str]:
-        return sorted(r.req for r in self.harness.obs.requests.values() if r.state == state)
+    @staticmethod
+    def _requests(obs: Observation, state: str) -> list[str]:
+        return sorted(r.req for r in obs.requests.values() if r.state == state)
 
     def _one(self, items: Sequence[str]) -> str:
         return items[self.rng.randrange(len(items))]
@@ -202,59 +219,56 @@ class Walker:
             return (template + self._tokens(n, n))[:n]
         return template + self._tokens(0, bs + 1)
 
-    def _admit(self, prompt: tuple[int, ...], contract: str = "") -> None:
+    def _admit(self, prompt: tuple[int, ...], contract: str = "") -> Op:
         prompt = prompt[: self.max_tokens]
         req = f"r{self.next_id}"
         self.next_id += 1
         self.history.append(prompt)
-        self.harness.step(Op("admit", req, prompt, contract=contract))
+        return Op("admit", req, prompt, contract=contract)
 
-    def _append(self, req: str, new: tuple[int, ...], contract: str = "") -> None:
-        self.harness.step(Op("append", req, new, contract=contract))
-        request = self.harness.obs.requests.get(req)
-        if request is not None:
-            self.history.append(request.tokens)
+    def _append(self, req: str, new: tuple[int, ...], contract: str = "") -> Op:
+        self.appended = req  # its tokens after the step join the prompts seen (``_next``)
+        return Op("append", req, new, contract=contract)
 
-    def _move(self, move: str) -> None:
-        step, obs, bs = self.harness.step, self.harness.obs, self.harness.config.block_size
+    def _op(self, move: str, obs: Observation) -> Op:
+        """The op of ``move`` in state ``obs`` (its precondition holds there)."""
+        bs = self.harness.config.block_size
         if move == "admit":
-            self._admit(self._prompt())
-        elif move == "decode":
-            self._append(self._one(self._requests("running")), (self.rng.randint(0, 3),))
-        elif move == "append_chunk":
-            self._append(self._one(self._requests("running")), self._tokens(1, 2 * bs))
-        elif move == "finish_oldest":
-            step(Op("release", min(obs.requests, key=lambda r: int(r[1:]) if r[1:].isdigit() else -1)))
-        elif move == "release":
+            return self._admit(self._prompt())
+        if move == "decode":
+            return self._append(self._one(self._requests(obs, "running")), (self.rng.randint(0, 3),))
+        if move == "append_chunk":
+            return self._append(self._one(self._requests(obs, "running")), self._tokens(1, 2 * bs))
+        if move == "finish_oldest":
+            return Op("release", min(obs.requests, key=lambda r: int(r[1:]) if r[1:].isdigit() else -1))
+        if move == "release":
             keep = self.rng.random() < 0.5 or "release_drop" in self.caps.declines
-            step(Op("release", self._one(sorted(obs.requests)), keep=keep))
-        elif move == "preempt":
-            step(Op("preempt", self._one(self._requests("running"))))
-        elif move == "resume":
-            step(Op("resume", self._one(self._requests("preempted"))))
-        elif move == "reset_cache":
-            step(Op("reset_cache"))
-        elif move == "bad_input":
+            return Op("release", self._one(sorted(obs.requests)), keep=keep)
+        if move == "preempt":
+            return Op("preempt", self._one(self._requests(obs, "running")))
+        if move == "resume":
+            return Op("resume", self._one(self._requests(obs, "preempted")))
+        if move == "reset_cache":
+            return Op("reset_cache")
+        if move == "bad_input":
             kind = self._one(self.bad_kinds)
             op = bad_op(kind, obs, self.caps.ops, self.next_id, self.max_tokens, self._one)
-            step(op or unknown_request(self.caps.ops, self.next_id))
-        else:
-            self._contract(self._one(ready_contracts(self.contracts, obs)))
+            return op or unknown_request(self.caps.ops, self.next_id)
+        return self._contract(self._one(ready_contracts(self.contracts, obs)), obs)
 
-    def _contract(self, contract: str) -> None:
+    def _contract(self, contract: str, obs: Observation) -> Op:
         """A declared misuse contract's op, as the machine's misuse_contract rule builds it."""
         kind, _, name = contract.partition(":")
         if kind == "admit":
-            self._admit(self._prompt(), contract=name)
-        elif kind == "append":
+            return self._admit(self._prompt(), contract=name)
+        if kind == "append":
             bs = self.harness.config.block_size
-            self._append(self._one(self._requests("running")), self._tokens(1, 2 * bs), contract=name)
-        elif kind == "reset_cache":
-            self.harness.step(Op("reset_cache", contract=name))
-        else:
-            state = {"preempt": "running", "resume": "preempted"}.get(kind)
-            reqs = self._requests(state) if state else sorted(self.harness.obs.requests)
-            self.harness.step(Op(cast(OpKind, kind), self._one(reqs), contract=name))
+            return self._append(self._one(self._requests(obs, "running")), self._tokens(1, 2 * bs), contract=name)
+        if kind == "reset_cache":
+            return Op("reset_cache", contract=name)
+        state = {"preempt": "running", "resume": "preempted"}.get(kind)
+        reqs = self._requests(obs, state) if state else sorted(obs.requests)
+        return Op(cast(OpKind, kind), self._one(reqs), contract=name)
 
 
 def walk_seed(seed: int, number: int) -> str:

@@ -219,7 +219,7 @@ def test_an_agreeing_kth_step_sends_no_observation_over_the_pipe() -> None:
         full = adapter.observe()
     assert harness.live is not None and not differences(harness.live.now(), full)
     whole = len(pickle.dumps(full))
-    assert len(full.objects) > 700 and whole > 50_000
+    assert len(full.objects) > 700 and whole > 40_000
     kth = crossed[k - 1 :: k]
     assert len(kth) == len(ops) // k and tally.full_checks == len(kth) + 1
     assert max([*kth, at_end]) < whole / 10, (kth, at_end, whole)

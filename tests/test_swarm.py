@@ -190,3 +190,79 @@ def test_swarm_walks_declared_contracts_and_finds_a_broken_one(tmp_path: Path) -
     assert broken.exit_code == 1 and broken.failure is not None
     assert broken.failure.invariant == "bad_input_rejected", broken.failure
     assert broken.failure_ops[-1].contract == "repeated"
+
+
+# -- the next op sent ahead (Harness.step's ``then``, IsolatedAdapter.send_ahead) ------------------------------
+
+
+def test_a_hang_of_the_op_sent_ahead_is_reported_at_its_own_step(tmp_path: Path) -> None:
+    """HangsInApply hangs on the 4th apply of an example; that op was sent to the child while step 3 was judged,
+    yet the hang is the 4th step's: the case is the first four ops, the 4th named."""
+    from faulty_adapters import HangsInApply
+
+    result = run_swarm(HangsInApply, name="hangs", profile=SEEDED_PROFILE, cases_dir=tmp_path, step_timeout=1.0)
+    assert result.status == "violated"
+    first = result.tally.first_violation["adapter_contract"]
+    assert first["step"] == 3 and "did not return within 1 s" in first["problems"][0]
+    assert len(result.failure_ops) == 4 and first["op"] == result.failure_ops[3].to_json()
+
+
+def test_an_answer_sent_ahead_that_no_step_takes_is_dropped_before_the_next_call() -> None:
+    """The walk ended before the op sent ahead was taken (its step before broke an invariant): the child's next
+    call gets its own answer, whether the dropped op answered, raised or hung (then a fresh child)."""
+    from faulty_adapters import HangsInApply
+
+    from kvspec.adapters.isolation import CallTimeout, IsolatedAdapter, RemoteError
+    from kvspec.spec import Config
+
+    class RaisesOnR9(ReferencePagedAdapter):
+        def apply(self, op: Op) -> Outcome:
+            if op.req == "r9":
+                raise KeyError(op.req)
+            return super().apply(op)
+
+    config = Config(capacity=8, block_size=2)
+    ops = [Op("admit", f"r{i}", (i, i + 1, i + 2)) for i in range(5)]
+    with IsolatedAdapter(RaisesOnR9, timeout=5.0) as adapter:
+        adapter.reset(config)
+        adapter.send_ahead(ops[0])
+        adapter.reset(config)  # ops[0]'s answer dropped: reset's own answer, an empty pool
+        assert adapter.observe().requests == {}
+        adapter.send_ahead(ops[1])
+        outcome, _, obs = adapter.step(ops[1])  # taken by its own step
+        assert outcome.status == "ok" and list(obs.requests) == ["r1"]
+        adapter.send_ahead(Op("release", "r9"))  # raises in the child (unknown request), never taken
+        assert adapter.observe().requests.keys() == {"r1"}
+        raising = Op("release", "r9")
+        adapter.send_ahead(raising)
+        with pytest.raises(RemoteError, match="r9"):  # what the op sent ahead raised is raised by its own step
+            adapter.step(raising)
+        assert adapter.observe().requests.keys() == {"r1"}
+    with IsolatedAdapter(HangsInApply, timeout=1.0) as adapter:
+        adapter.reset(config)
+        for op in ops[:3]:
+            adapter.step(op)
+        adapter.send_ahead(ops[3])  # the 4th apply hangs
+        adapter.reset(config)  # dropped under its timeout, the child killed, a fresh one forked
+        assert adapter.step(ops[4])[0].status == "ok"
+        adapter.reset(config)
+        for op in ops[:3]:
+            adapter.step(op)
+        adapter.send_ahead(ops[3])
+        with pytest.raises(CallTimeout):
+            adapter.step(ops[3])
+
+
+def test_sending_the_next_op_ahead_changes_no_walk(tmp_path: Path) -> None:
+    """Isolated, the reference adapter gets each next op while its step is judged; in-process nothing is sent
+    ahead. The walks must be the same op for op: same coverage, same counts, same abstract states."""
+    runs = []
+    for isolate in (True, False):
+        states: set[object] = set()
+        result = run_swarm(
+            load("reference"), name="reference", profile=SEEDED_PROFILE, seed=3, max_examples=30,
+            cases_dir=tmp_path, isolate=isolate, states=states,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert result.status == "passed"
+        runs.append((result.tally.steps, result.tally.coverage, result.tally.checked, states))
+    assert runs[0] == runs[1]

@@ -49,11 +49,18 @@ def test_exact_mode_holds_and_predicts_every_hit(vllm_live_server: Endpoints, tm
 
 
 def test_a_load_burst_reaches_preemptions_and_stays_within_bounds(vllm_live_server: Endpoints, tmp_path: Path) -> None:
-    result = run_live(attached(vllm_live_server), profile=SMALL, seed=4, mode="load", cases_dir=tmp_path)
-    assert result.status == "passed", (result.error, result.findings)
-    assert result.live["preemptions"] > 0
-    verdicts = {r["name"]: r["verdict"] for r in result.report().verdicts()}
-    assert verdicts["cached_tokens_within_bounds"] == "held" and verdicts["cached_within_pool"] == "held"
+    """Every run passes; the bursts are run again with the next seed (three at most) until one preempts: on
+    loaded cores the server can drain a burst's requests one by one and never run out of blocks."""
+    for seed in (4, 5, 6):
+        result = run_live(
+            attached(vllm_live_server), profile=SMALL, seed=seed, mode="load", cases_dir=tmp_path / str(seed)
+        )
+        assert result.status == "passed", (seed, result.error, result.findings)
+        verdicts = {r["name"]: r["verdict"] for r in result.report().verdicts()}
+        assert verdicts["cached_tokens_within_bounds"] == "held" and verdicts["cached_within_pool"] == "held"
+        if result.live["preemptions"] > 0:
+            return
+    raise AssertionError("three load runs of the pressure burst reached no preemption")
 
 
 def publish_until_heard(ep: Endpoints, subscriber: EventSubscriber, first_token: int) -> None:

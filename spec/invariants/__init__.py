@@ -10,6 +10,9 @@ no verdict.
 
 from __future__ import annotations
 
+import functools
+
+from ..ops import Semantics
 from .free_list import FREE_LIST_SAFETY
 from .hybrid import HYBRID_SAFETY
 from .key_memory import KeyMemory
@@ -58,6 +61,7 @@ ADAPTER_CONTRACT = "adapter_contract"
 """Not an invariant of the ledger: the adapter raised or hung where the spec defines an outcome."""
 
 INVARIANT_NAMES: tuple[str, ...] = (*(i.name for i in INVARIANTS), ADAPTER_CONTRACT)
+_LEDGER_NAMES = INVARIANT_NAMES[:-1]  # the invariants' names, in INVARIANTS' order
 
 
 def check_transition(t: Transition, whole: Transition | None = None) -> dict[str, Problems]:
@@ -70,11 +74,8 @@ def check_transition(t: Transition, whole: Transition | None = None) -> dict[str
     learns the step. Afterwards ``t.memory`` learns what the next transition's policy checks need.
     """
     local = t.touched is not None
-    results: dict[str, Problems] = {}
-    for inv in INVARIANTS:
-        if not inv.applies(t.semantics):
-            results[inv.name] = None
-            continue
+    results: dict[str, Problems] = dict.fromkeys(_LEDGER_NAMES)  # None: not applicable, or not judged this step
+    for inv in applicable(t.semantics):
         problems = inv.check(t) if inv.incremental or not local else None
         if whole is not None and (not inv.incremental or inv.name in WHOLE_TOO):
             more = inv.check(whole)
@@ -83,6 +84,13 @@ def check_transition(t: Transition, whole: Transition | None = None) -> dict[str
         results[inv.name] = problems
     t.memory.track(t)
     return results
+
+
+@functools.cache
+def applicable(semantics: Semantics) -> tuple[Invariant, ...]:
+    """The invariants that can be judged for an implementation declaring ``semantics``, in ``INVARIANTS``' order
+    (``Invariant.applies``, asked once per semantics instead of once per invariant per step)."""
+    return tuple(inv for inv in INVARIANTS if inv.applies(semantics))
 
 
 def check_state(t: Transition) -> dict[str, Problems]:
@@ -105,6 +113,7 @@ __all__ = [
     "Problems",
     "Transition",
     "VIEW_INVARIANTS",
+    "applicable",
     "check_state",
     "check_transition",
     "eviction_choices",

@@ -39,8 +39,9 @@ class PolicyQuality:
         self.steps += 1
         self.block_steps += t.after.capacity
         self.evictions += evictions
-        self.evictions_with_choice += sum(1 for n in eviction_choices(t) if n > 1)
-        self.evictions_off_lru += _off_lru(t, memory)
+        if evictions:  # both count evictions only: none, nothing to rank
+            self.evictions_with_choice += sum(1 for n in eviction_choices(t) if n > 1)
+            self.evictions_off_lru += _off_lru(t, memory)
         orphans = len(orphaned_blocks(t.after, t.config, t.semantics, memory))
         self.orphan_block_steps += orphans
         self.orphans_max = max(self.orphans_max, orphans)
@@ -95,6 +96,8 @@ def orphaned_blocks(obs: Observation, config: Config, semantics: Semantics, memo
     """Unreferenced cached blocks whose parent prefix is not cached: they hold capacity and can never be hit."""
     if semantics.granularity != "block":
         return []
+    if not any(o.ref_count == 0 and o.key is not None for o in obs.objects.values()):
+        return []  # an orphan is an unreferenced cached block: there is none
     bs = config.block_size
     contents = {oid: memory.content_of(o.key, semantics) for oid, o in obs.objects.items() if o.key is not None}
     cached = {c for c in contents.values() if c is not None}
