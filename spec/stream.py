@@ -55,8 +55,9 @@ class HashChain(Protocol):
     def root(self) -> Any:
         """The chain state of the empty prefix (the first block's parent)."""
 
-    def child(self, parent: Any, tokens: Prefix) -> tuple[Hashable, Any]:
-        """The published hash of the block of ``tokens`` after ``parent``'s state, and the block's state."""
+    def chain(self, parent: Any, blocks: Sequence[Prefix]) -> Sequence[tuple[Hashable, Any]]:
+        """The published hash and state of each of ``blocks`` in turn: the first after ``parent``'s state, each
+        next after the one before (one call per stored event)."""
 
 
 PublishedHash = HashChain
@@ -202,9 +203,12 @@ class StreamLedger:
     """The cache index rebuilt from events; every event and request is checked as it is applied.
 
     ``usable_blocks``: the pool's capacity in blocks (None: unknown, ``cached_within_pool`` not judged).
-    Kept: ``total`` is the sum of ``copies``; a hash is in ``node`` (and ``child``) exactly while its
-    prefix is known and it or a descendant in ``node`` has a cached copy (``kids`` counts those descendants),
-    or, once removed, while an in-flight request suspects its removal (its child's store is the proof).
+    ``requests=False``: no request will start (a log without request records), so the ``child`` map, which
+    only a request's prefix lookup reads, is not kept.
+    Kept: ``total`` is the sum of ``copies``; a hash is in ``node`` (and, with requests, ``child``) exactly
+    while its prefix is known and it or a descendant in ``node`` has a cached copy (``kids`` counts those
+    descendants), or, once removed, while an in-flight request suspects its removal (its child's store is
+    the proof).
     """
 
     def __init__(
@@ -215,6 +219,7 @@ class StreamLedger:
         result: StreamResult | None = None,
         *,
         initial_known: bool = True,
+        requests: bool = True,
     ) -> None:
         self.block_size = block_size
         # False: blocks may have been cached before the stream was joined; a removal of a hash never
@@ -226,7 +231,9 @@ class StreamLedger:
         self.copies: dict[Hashable, int] = {}  # hash -> cached copies (> 0)
         self.total = 0
         self.node: dict[Hashable, Node] = {}
+        # node -> hash, read only to look up a request's cached prefix: kept only when requests may come.
         self.child: dict[Node, Hashable] = {}
+        self._by_node = requests
         self.kids: dict[Hashable, int] = {}
         self.state: dict[Hashable, Any] = {}  # the recipe's chain state of each hash in node
         # Without a recipe, the node each hash ever stood for (the only memory of a forgotten identity).
@@ -241,6 +248,8 @@ class StreamLedger:
 
     def _chain_keys(self, tokens: Sequence[int], limit: int) -> list[Hashable]:
         """The hashes of the leading whole blocks of ``tokens`` the index knows, up to ``limit`` blocks."""
+        if not self._by_node:
+            raise ValueError("this ledger was made with requests=False: it keeps no node -> hash map to look up")
         bs, keys = self.block_size, []
         parent: Hashable | None = None
         for n in range(limit):
@@ -284,17 +293,17 @@ class StreamLedger:
 
     def _forget(self, key: Hashable) -> None:
         """Drop ``key``'s node once it has no cached copy and no known descendant; then its parent's."""
-        copies, kids = self.copies, self.kids
-        while key is not None and key in self.node and copies.get(key, 0) <= 0 and kids.get(key, 0) <= 0:
-            parent, tokens = self.node.pop(key)
-            if self.child.get((parent, tokens)) == key:
-                del self.child[(parent, tokens)]
-            self.state.pop(key, None)
-            self.kids.pop(key, None)
-            self.copies.pop(key, None)
+        copies, kids, node_of, state, child_of = self.copies, self.kids, self.node, self.state, self.child
+        while key is not None and key in node_of and copies.get(key, 0) <= 0 and kids.get(key, 0) <= 0:
+            parent, tokens = node_of.pop(key)
+            if child_of and child_of.get((parent, tokens)) == key:
+                del child_of[(parent, tokens)]
+            state.pop(key, None)
+            kids.pop(key, None)
+            copies.pop(key, None)
             if parent is None:
                 return
-            self.kids[parent] = self.kids.get(parent, 0) - 1
+            kids[parent] = kids.get(parent, 0) - 1
             key = parent
 
     # -- batches and events ----------------------------------------------------------
@@ -319,6 +328,7 @@ class StreamLedger:
                     )
             self.last_seq = seq if self.last_seq is None else max(seq, self.last_seq)
         seen = 0
+        stored, removed, in_flight = self.stored, self.removed, self.in_flight
         for event in events:
             seen += 1
             kind = getattr(event, "kind", None)
@@ -326,24 +336,22 @@ class StreamLedger:
                 data = cast(Mapping[str, Any], event)
                 kind = data.get("type")
                 if kind == "BlockStored":
-                    self.stored(data.get("block_hashes", []), data.get("token_ids", []), data.get("parent_block_hash"))
+                    stored(data.get("block_hashes", []), data.get("token_ids", []), data.get("parent_block_hash"))
                 elif kind == "BlockRemoved":
-                    self.removed(data.get("block_hashes", []))
+                    removed(data.get("block_hashes", []))
                 elif kind == "AllBlocksCleared":
                     self._cleared()
                 else:
                     r.seen[f"unknown event {kind}"] += 1
+            elif kind == "BlockRemoved":  # a BatchEvent (typing.cast, a Python call per event, left out)
+                removed(event.block_hashes)  # type: ignore[union-attr]
+            elif kind == "BlockStored":
+                stored(event.block_hashes, event.token_ids, event.parent_block_hash)  # type: ignore[union-attr]
+            elif kind == "AllBlocksCleared":
+                self._cleared()
             else:
-                typed = cast(BatchEvent, event)
-                if kind == "BlockStored":
-                    self.stored(typed.block_hashes, typed.token_ids, typed.parent_block_hash)
-                elif kind == "BlockRemoved":
-                    self.removed(typed.block_hashes)
-                elif kind == "AllBlocksCleared":
-                    self._cleared()
-                else:
-                    r.seen[f"unknown event {kind}"] += 1
-            if self.in_flight:
+                r.seen[f"unknown event {kind}"] += 1
+            if in_flight:
                 self._refresh_bounds()
         r.seen["events"] += seen
 
@@ -351,33 +359,48 @@ class StreamLedger:
         """A BlockStored: one cached copy more of each of ``keys``, the chain of blocks after ``parent``.
 
         Each block is checked in turn (``hash_chain_agrees``, ``stored_once``, ``cached_within_pool``, in
-        that order); the counts of checks made are added once per event.
+        that order); the counts of checks made are added once per event. The recipe hashes the event's
+        blocks in one call (:meth:`HashChain.chain`), ahead of the checks; that precomputed chain is used
+        for a block only while the block's parent state is the one it ran on (else the rest is rehashed).
         """
         r, bs = self.result, self.block_size
+        count = len(keys)
+        r.seen["stored"] += count
         # The prefix is known when the parent is the root or a hash the index knows.
         node_of = self.node
         known = parent is None or parent in node_of
-        if len(tokens) != len(keys) * bs:
+        if len(tokens) != count * bs:
             r.checked["hash_chain_agrees"] += 1
             r.fail(
                 "hash_chain_agrees",
                 self.where,
-                f"BlockStored of {len(keys)} blocks carries {len(tokens)} tokens (block size {bs})",
+                f"BlockStored of {count} blocks carries {len(tokens)} tokens (block size {bs})",
             )
             known = False
-        r.seen["stored"] += len(keys)
+        if not count:
+            return
         copies, child_of, kids, state, ever = self.copies, self.child, self.kids, self.state, self.ever
         chain, identity, in_flight, usable = self.published_hash, self.identity, self.in_flight, self.usable_blocks
-        root = None if chain is None else self._root
+        by_node = self._by_node
         recomputed = unjudged = 0
         total = self.total
-        # The chain state of ``parent`` (None: not known); each block's is its child's base.
-        base = root if parent is None else state.get(parent) if known else None
-        start = 0
-        for key in keys:
+        blocks: Sequence[Prefix] = ()
+        # The recipe's (published hash, state) of each block, run on from ``ahead_base``: ahead[i - ahead_at].
+        ahead: Sequence[tuple[Hashable, Any]] = ()
+        ahead_at = 0
+        ahead_base: Any = None
+        base: Any = None  # the chain state of ``parent`` (None: not known); each block's is its child's base
+        if known:
+            if type(tokens) is not tuple:
+                tokens = tuple(tokens)
+            blocks = [tokens[start : start + bs] for start in range(0, count * bs, bs)]
+            base = (None if chain is None else self._root) if parent is None else state.get(parent)
+            if chain is not None and base is not None:
+                ahead, ahead_base = chain.chain(base, blocks), base
+        for i, key in enumerate(keys):
             had = copies.get(key, 0)
             if known:
-                own = tuple(tokens[start : start + bs])
+                own = blocks[i]
                 node: Node = (parent, own)
                 # The whole prefix, only when an in-flight request may compute it.
                 block: Prefix | None = None
@@ -392,9 +415,12 @@ class StreamLedger:
                 if before is not None and before != node:
                     self._identity_broken(key, node)
                     base = state.get(key)
-                elif chain is not None and base is not None:  # else the parent's chain is not known
+                elif base is not None:  # else the parent's chain is not known (or there is no recipe)
                     recomputed += 1
-                    expected, chained = chain.child(base, own)
+                    if base is not ahead_base and base != ahead_base:  # the chain ahead ran on another state
+                        ahead, ahead_at, ahead_base = chain.chain(base, blocks[i:]), i, base  # type: ignore[union-attr]
+                    expected, chained = ahead[i - ahead_at]
+                    ahead_base = chained
                     base = state.setdefault(key, chained)
                     if expected != key:
                         self._chain_broken(key, own, parent, expected)
@@ -406,7 +432,7 @@ class StreamLedger:
                     ever.add(key)
                 if present is None:  # the index learns the block (``known`` stays true for its child)
                     node_of[key] = node
-                    if node not in child_of:
+                    if by_node and node not in child_of:
                         child_of[node] = key
                     if parent is not None:
                         kids[parent] = kids.get(parent, 0) + 1
@@ -423,15 +449,14 @@ class StreamLedger:
                     f"{total} cached blocks after storing {key} exceed the pool's {usable}",
                 )
             parent = key
-            start += bs
         self.total = total
         checked = r.checked
         if recomputed:
             checked["hash_chain_agrees"] += recomputed
-        if len(keys) > unjudged:
-            checked["stored_once"] += len(keys) - unjudged
-        if usable is not None and keys:
-            checked["cached_within_pool"] += len(keys)
+        if count > unjudged:
+            checked["stored_once"] += count - unjudged
+        if usable is not None:
+            checked["cached_within_pool"] += count
 
     def _identity_broken(self, key: Hashable, node: Node) -> None:
         r = self.result
@@ -700,7 +725,9 @@ class StreamCheck:
     ) -> None:
         requests = [replace(q, preempted=_known_not_preempted(q, snapshots)) for q in requests]
         self._windows = sorted((q.started, q.finished) for q in requests)
-        self.ledger = StreamLedger(block_size, usable_blocks, published_hash, initial_known=initial_known)
+        self.ledger = StreamLedger(
+            block_size, usable_blocks, published_hash, initial_known=initial_known, requests=bool(requests)
+        )
         for first, stop in gaps:
             self.ledger.lost(first, stop)
         # Timed actions: (time, order, kind, item). At equal times a finish comes before a start.

@@ -8,6 +8,7 @@ retains (index entries), never by timing.
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,61 @@ def test_the_fast_depth_bound_agrees_with_the_walk() -> None:
     assert 3 <= (nesting(brackets) or 0) <= 6 and parse_line(1, brackets).data["a"] == "[" * 100
     assert (nesting(deep) or 0) >= MAX_DEPTH + 1
     assert nesting(b'{"a": "\\\\"}') is None  # a backslash: left to the walk
+
+
+def test_an_events_chain_is_each_block_hashed_after_the_one_before() -> None:
+    """BlockHasher.chain (one call per event) agrees with child() block by block and with published(prefix),
+    which runs vLLM's recipe (sha256 over pickle) on each whole prefix: tokens of every pickle int width."""
+    hasher = BlockHasher(4)
+    tokens = (0, 255, 256, 65_535, 65_536, 2**31 - 1, 2**31, 7, 1, 2, 3, 2**40, 5, 6, 8, 9)
+    blocks = [tokens[i : i + 4] for i in range(0, len(tokens), 4)]
+    state, one_by_one = hasher.root(), []
+    for block in blocks:
+        published, state = hasher.child(state, block)
+        one_by_one.append((published, state))
+    assert hasher.chain(hasher.root(), blocks) == one_by_one
+    assert [p for p, _ in one_by_one] == [hasher.published(tokens[: i + 4]) for i in range(0, len(tokens), 4)]
+    assert hasher.chain(one_by_one[1][1], blocks[2:]) == one_by_one[2:]  # from a block's state, the rest
+
+
+def test_a_block_after_a_broken_identity_is_hashed_from_the_state_the_index_keeps() -> None:
+    """The event's chain is hashed ahead from its parent; when a block's state is not the one it ran on (its hash
+    stood for another prefix before), the next block is judged from the state the index keeps for that hash."""
+    hasher = BlockHasher(2)
+    k1, s1 = hasher.child(hasher.root(), (1, 2))
+    k2, _ = hasher.child(s1, (3, 4))  # the right hash after k1 as the index knows it
+    ledger = StreamLedger(2, None, hasher, requests=False)
+    ledger.apply_batch(
+        0, 0, [{"type": "BlockStored", "block_hashes": [k1], "parent_block_hash": None, "token_ids": [1, 2]}]
+    )
+    # k1 now claims tokens 5, 6 (a broken identity); k2 follows it with tokens 3, 4
+    stored = {"type": "BlockStored", "block_hashes": [k1, k2], "parent_block_hash": None, "token_ids": [5, 6, 3, 4]}
+    ledger.apply_batch(1, 1, [stored])
+    chain_problems = [v for v in ledger.result.violations if v["invariant"] == "hash_chain_agrees"]
+    assert len(chain_problems) == 1 and "did not stand for before" in chain_problems[0]["problems"][0], chain_problems
+    assert ledger.result.checked["hash_chain_agrees"] == 3  # k1, k1's identity, k2 recomputed from k1's kept state
+
+
+def test_a_ledger_without_requests_keeps_no_prefix_lookup() -> None:
+    """requests=False (a log without request records): the node -> hash map is not kept, and a lookup says so."""
+    kept = {}
+    for requests in (True, False):
+        ledger = StreamLedger(16, 128, BlockHasher(16), requests=requests)
+        for i, batch in enumerate(Engine(StreamShape(blocks=128, events=2_000, reset_every=10**9)).run()):
+            ledger.apply_batch(i, i, batch)
+        assert ledger.result.held
+        kept[requests] = (len(ledger.child), dict(ledger.result.checked))
+    assert kept[True][0] > 0 and kept[False][0] == 0 and kept[True][1] == kept[False][1], kept
+    with pytest.raises(ValueError, match="requests=False"):
+        ledger.cached_prefix_blocks(list(range(48)))
+
+
+def test_the_garbage_collector_is_restored_after_a_check(tmp_path: Path, stream: Any) -> None:
+    """The streaming check pauses the cyclic collector while it feeds batches; it is on again after, even when
+    a malformed line stops the check."""
+    records = [dict(r) for r in stream[0]]
+    assert gc.isenabled()
+    assert check_trace(write(tmp_path, records), "vllm-events").exit_code == 0 and gc.isenabled()
+    records[len(records) // 2] = {"seq": records[len(records) // 2]["seq"], "ts": 1.0, "events": [{"type": 5}]}
+    result = check_trace(write(tmp_path, records), "vllm-events")
+    assert result.exit_code == 2 and gc.isenabled(), result.error

@@ -68,14 +68,25 @@ class BlockHasher:
         return self.none_hash
 
     def child(self, parent: bytes, tokens: tuple[int, ...]) -> tuple[int, bytes]:
-        """The published hash and full digest of the block of ``tokens`` after the block of digest ``parent``.
-
-        The stream ledger keeps each live block's digest and forgets it with the block, so the
-        chain costs one hash per stored block and memory per live block (kvspec.spec.stream.HashChain).
-        """
-        # sha256_pickle and external inlined (one stored block each; the low 64 bits are the digest's last 8 bytes)
+        """The published hash and full digest of the block of ``tokens`` after the block of digest ``parent``."""
         digest = _sha256(_dumps((parent, tokens, None), protocol=pickle.HIGHEST_PROTOCOL)).digest()
         return int.from_bytes(digest[-8:], "big"), digest
+
+    def chain(self, parent: bytes, blocks: Sequence[tuple[int, ...]]) -> list[tuple[int, bytes]]:
+        """:meth:`child` of each of ``blocks`` in turn, the first after ``parent``, each next after the one before.
+
+        One call per stored event (a BlockStored's blocks run on from its parent): the loop is one hash per
+        block, with no Python call per block. The stream ledger keeps each live block's digest and forgets it
+        with the block, so the chain costs one hash per stored block and memory per live block
+        (kvspec.spec.stream.HashChain).
+        """
+        # sha256_pickle and external inlined; the low 64 bits are the digest's last 8 bytes
+        sha256, dumps, protocol, from_bytes = _sha256, _dumps, pickle.HIGHEST_PROTOCOL, int.from_bytes
+        out = []
+        for tokens in blocks:
+            parent = sha256(dumps((parent, tokens, None), protocol=protocol)).digest()
+            out.append((from_bytes(parent[-8:], "big"), parent))
+        return out
 
     def published(self, prefix: Sequence[int]) -> int:
         """The 64-bit hash a BlockStored event carries for the block ending ``prefix``."""

