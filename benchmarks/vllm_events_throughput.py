@@ -27,6 +27,7 @@ from typing import Any
 from kvspec import jsonio
 from kvspec.bench.child import kvspec_in_child
 from kvspec.bench.vllm_stream import StreamShape, generate
+from kvspec.report import ExitCode
 
 
 def calibration_ms() -> float:
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     blocks, events = (4_096, 200_000) if args.quick else (args.blocks, args.events)
+    if args.dir is not None and not args.dir.is_dir():
+        print(f"kvspec: {args.dir}: --dir must be an existing folder", file=sys.stderr)
+        return int(ExitCode.COULD_NOT_RUN)
     runs = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for n in (events // 4, events):
