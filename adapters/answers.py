@@ -33,15 +33,22 @@ def malformed_observation(obs: object) -> list[str]:
     problems = []
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in (obs.capacity, obs.free)):
         problems.append(f"capacity {obs.capacity!r} and free {obs.free!r} must be ints")
-    if not isinstance(obs.objects, Mapping) or not _all_of(ObjectView, obs.objects.values()):
-        problems.append("objects must map oids to ObjectViews")
-    elif not _counts_are_ints(obs.objects.values()):
-        problems.append("an ObjectView's size, tokens and ref_count must be ints")
-    if not isinstance(obs.requests, Mapping) or not all(isinstance(r, RequestView) for r in obs.requests.values()):
-        problems.append("requests must map request ids to RequestViews")
+    problems += _malformed_views(obs.objects, obs.requests, whose="")
     index: object = obs.index  # user code: the annotation promises nothing
     if index is not None and not isinstance(index, Mapping):
         problems.append("index must be a mapping or None")
+    return problems
+
+
+def _malformed_views(objects: object, requests: object, whose: str) -> list[str]:
+    """How an observation's or a delta's (``whose``) objects and requests break the contract's types."""
+    problems = []
+    if not isinstance(objects, Mapping) or not _all_of(ObjectView, objects.values()):
+        problems.append(f"{whose}objects must map oids to ObjectViews")
+    elif not _counts_are_ints(objects.values()):
+        problems.append("an ObjectView's size, tokens and ref_count must be ints")
+    if not isinstance(requests, Mapping) or not _all_of(RequestView, requests.values()):
+        problems.append(f"{whose}requests must map request ids to RequestViews")
     return problems
 
 
@@ -69,12 +76,7 @@ def malformed_delta(outcome: object, events: object, delta: ObservationDelta) ->
     problems = malformed_answers(outcome, events)
     if not isinstance(delta.free, int) or isinstance(delta.free, bool):
         problems.append(f"the delta's free {delta.free!r} must be an int")
-    if not isinstance(delta.objects, Mapping) or not _all_of(ObjectView, delta.objects.values()):
-        problems.append("the delta's objects must map oids to ObjectViews")
-    elif not _counts_are_ints(delta.objects.values()):
-        problems.append("an ObjectView's size, tokens and ref_count must be ints")
-    if not isinstance(delta.requests, Mapping) or not all(isinstance(r, RequestView) for r in delta.requests.values()):
-        problems.append("the delta's requests must map request ids to RequestViews")
+    problems += _malformed_views(delta.objects, delta.requests, whose="the delta's ")
     index: object = delta.index  # user code: the annotation promises nothing
     if not isinstance(index, Mapping):
         problems.append("the delta's index must be a mapping")
