@@ -22,7 +22,6 @@ from kvspec.adapters.kept import Agreed
 from kvspec.spec import (
     INVARIANT_NAMES,
     Config,
-    Event,
     KeyMemory,
     LedgerModel,
     LiveObservation,
@@ -321,7 +320,7 @@ class Harness:
         except Exception as exc:  # well-typed, yet the values cannot be judged (an unhashable oid, say)
             self._fail(index, op, {ADAPTER_CONTRACT: [f"what the adapter showed after {op} cannot be judged: {exc!r}"]})
         self.tally.steps += 1
-        self._cover(op, outcome, events, before)
+        self._cover(transition)
         self.tally.checked[ADAPTER_CONTRACT] += 1
         failures = self._judged(results)
         if contract:
@@ -356,13 +355,13 @@ class Harness:
 
     def _judged(self, results: Mapping[str, list[str] | None]) -> dict[str, list[str]]:
         """Count each judged invariant; the problems of those broken and not ignored."""
+        checked, ignored = self.tally.checked, self.tally.ignored
         failures: dict[str, list[str]] = {}
         for name, problems in results.items():
-            if problems is None:
-                continue
-            self.tally.checked[name] += 1
-            if problems and name not in self.tally.ignored:
-                failures[name] = problems
+            if problems is not None:
+                checked[name] += 1
+                if problems and name not in ignored:
+                    failures[name] = problems
         return failures
 
     def finish(self) -> None:
@@ -416,17 +415,17 @@ class Harness:
         if failures:
             self._fail(index, op, failures)
 
-    def _cover(self, op: Op, outcome: Outcome, events: list[Event], before: Observation) -> None:
-        """Count the situations reached, so a report can say what was exercised (bad input by its class)."""
-        cov = self.tally.coverage
+    def _cover(self, t: Transition) -> None:
+        """Count the situations reached, so a report can say what was exercised (bad input by its class: the
+        spec's error for the op in the state before it, as bad_input_rejected judged it)."""
+        cov, op, outcome = self.tally.coverage, t.op, t.outcome
         cov[f"{op.op}:{outcome.status}"] += 1
         if op.contract:
             cov[f"contract:{op.op}:{op.contract}:{outcome.status}"] += 1
-        try:
-            validate(op, before, self.config, self.semantics)
-        except SpecError as exc:
-            cov[f"bad_input:{exc.kind}"] += 1
-        for event in events:
+        error = t.bad_input_error
+        if error is not None:
+            cov[f"bad_input:{error.kind}"] += 1
+        for event in t.events:
             cov[event.kind] += 1
         if outcome.hit_tokens:
             cov["prefix_hit"] += 1

@@ -11,6 +11,7 @@ no verdict.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from ..ops import Semantics
 from .free_list import FREE_LIST_SAFETY
@@ -75,6 +76,11 @@ def check_transition(t: Transition, whole: Transition | None = None) -> dict[str
     """
     local = t.touched is not None
     results: dict[str, Problems] = dict.fromkeys(_LEDGER_NAMES)  # None: not applicable, or not judged this step
+    if whole is None and not local:  # the whole state, every step: each applicable invariant judges it
+        for name, check in _checks(t.semantics):
+            results[name] = check(t)
+        t.memory.track(t)
+        return results
     for inv in applicable(t.semantics):
         problems = inv.check(t) if inv.incremental or not local else None
         if whole is not None and (not inv.incremental or inv.name in WHOLE_TOO):
@@ -91,6 +97,12 @@ def applicable(semantics: Semantics) -> tuple[Invariant, ...]:
     """The invariants that can be judged for an implementation declaring ``semantics``, in ``INVARIANTS``' order
     (``Invariant.applies``, asked once per semantics instead of once per invariant per step)."""
     return tuple(inv for inv in INVARIANTS if inv.applies(semantics))
+
+
+@functools.cache
+def _checks(semantics: Semantics) -> tuple[tuple[str, Callable[[Transition], Problems]], ...]:
+    """``applicable(semantics)`` as (name, check) pairs: what a whole-state step runs, without attribute lookups."""
+    return tuple((inv.name, inv.check) for inv in applicable(semantics))
 
 
 def check_state(t: Transition) -> dict[str, Problems]:

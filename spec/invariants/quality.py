@@ -99,7 +99,8 @@ def orphaned_blocks(obs: Observation, config: Config, semantics: Semantics, memo
     if not any(o.ref_count == 0 and o.key is not None for o in obs.objects.values()):
         return []  # an orphan is an unreferenced cached block: there is none
     bs = config.block_size
-    contents = {oid: memory.content_of(o.key, semantics) for oid, o in obs.objects.items() if o.key is not None}
+    learned = memory.content  # block granularity: what ``memory.content_of`` answers, read without a call per block
+    contents = {oid: learned.get(o.key) for oid, o in obs.objects.items() if o.key is not None}
     cached = {c for c in contents.values() if c is not None}
     parents = {oid: parent_prefix(c, bs) for oid, c in contents.items() if c is not None}
     return [

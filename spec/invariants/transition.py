@@ -10,6 +10,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import msgspec
+
 from ..ledger import Step, validate
 from ..observation import Observation
 from ..ops import Config, Event, Op, Outcome, Semantics, SpecError
@@ -28,9 +30,13 @@ Kind = Literal["safety", "refinement", "policy"]
 implementation, judged against the eviction order and admission rules it declares (exact or not)."""
 
 
-@dataclass(frozen=True)
-class Transition:
-    """One step of an implementation: the ledger before, the op, what it answered and emitted, the ledger after."""
+class Transition(msgspec.Struct, frozen=True, dict=True):
+    """One step of an implementation: the ledger before, the op, what it answered and emitted, the ledger after.
+
+    A msgspec Struct, built in C on every checked step (a frozen dataclass sets each field through
+    ``object.__setattr__``: a tenth of a checked step's own work). ``dict=True`` only so that what several
+    checks read of one transition is worked out once per transition (``bad_input_error``).
+    """
 
     before: Observation
     op: Op
@@ -45,6 +51,20 @@ class Transition:
     # (oids, request ids) it touched: before and after iterate only the part the step can have changed
     # (LiveObservation.local), lookups answer from the whole state, and only incremental invariants run.
     touched: tuple[frozenset[Hashable], frozenset[str]] | None = None
+
+    @property
+    def bad_input_error(self) -> SpecError | None:
+        """The spec's error for the op in the state before it (``validate``); None when the op is valid.
+        Worked out once per transition (kept in the instance's ``__dict__``): bad_input_rejected, the admission
+        checks and the harness's coverage all ask it."""
+        memo = self.__dict__
+        if "bad_input_error" not in memo:
+            try:
+                validate(self.op, self.before, self.config, self.semantics)
+                memo["bad_input_error"] = None
+            except SpecError as exc:
+                memo["bad_input_error"] = exc
+        return memo["bad_input_error"]  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -78,11 +98,8 @@ class Invariant:
 
 def bad_input(t: Transition) -> str | None:
     """The spec's error for the step's op in the state before it; None when the op is valid."""
-    try:
-        validate(t.op, t.before, t.config, t.semantics)
-    except SpecError as exc:
-        return str(exc)
-    return None
+    error = t.bad_input_error
+    return None if error is None else str(error)
 
 
 def eviction_candidates(t: Transition) -> set[Hashable]:

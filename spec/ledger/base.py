@@ -12,6 +12,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
 
+import msgspec
+
 from ..block_key import BlockKey, Prefix
 from ..observation import ObjectView, Observation, RequestState, RequestView
 from ..ops import OP_KINDS, Config, Granularity, Op, Outcome, Semantics, SpecError, size_of
@@ -96,9 +98,9 @@ class Request:
     block_keys: list[BlockKey] = field(default_factory=list)  # block granularity: the keys of its full blocks
 
 
-@dataclass(frozen=True)
-class Step:
-    """The spec's verdict on one operation: outcome, left-cache contents, free capacity after."""
+class Step(msgspec.Struct, frozen=True):
+    """The spec's verdict on one operation: outcome, left-cache contents, free capacity after (a msgspec Struct:
+    built on every checked step, in C)."""
 
     outcome: Outcome
     evicted: tuple[Prefix, ...]
