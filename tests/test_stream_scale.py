@@ -133,12 +133,12 @@ def test_retained_state_follows_the_live_index_not_the_stream_length() -> None:
         most = 0
         for i, batch in enumerate(Engine(StreamShape(blocks=128, events=events, reset_every=10**9)).run()):
             ledger.apply_batch(i, i, batch)
-            most = max(most, len(ledger.node) + len(ledger.child) + len(ledger.state) + len(ledger.copies))
+            most = max(most, len(ledger.blocks) + len(ledger.child))
         assert ledger.result.held and ledger.result.checked["removed_was_cached"] > events // 4
         return most
 
     short, long = peak(5_000), peak(20_000)
-    assert long <= short * 1.25 and long <= 8 * 128, (short, long)
+    assert long <= short * 1.25 and long <= 3 * 128, (short, long)
 
 
 def test_without_a_recipe_a_hash_reused_for_another_prefix_is_caught_after_it_was_forgotten() -> None:
@@ -146,7 +146,7 @@ def test_without_a_recipe_a_hash_reused_for_another_prefix_is_caught_after_it_wa
     ledger = StreamLedger(2, None, None)
     store = {"type": "BlockStored", "block_hashes": [7], "parent_block_hash": None, "token_ids": [1, 2]}
     ledger.apply_batch(0, 0, [store, {"type": "BlockRemoved", "block_hashes": [7]}])
-    assert not ledger.node and ledger.result.held  # forgotten from the index
+    assert not ledger.blocks and ledger.result.held  # forgotten from the index
     ledger.apply_batch(1, 1, [{**store, "token_ids": [3, 4]}])
     assert ledger.result.violated == ["hash_chain_agrees"]
 
