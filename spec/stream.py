@@ -416,8 +416,32 @@ class StreamLedger:
             base = (None if chain is None else self._root) if up is None else up[STATE]
             if chain is not None and base is not None:
                 ahead, ahead_base = chain.chain(base, own_tokens), base
+        # The common case, a new hash after a parent whose state the chain ahead ran on, with no request in
+        # flight and no per-hash memory to keep, takes the short way below: the same checks in the same order.
+        fast = known and not in_flight and identity is None and ever is None
         for i, key in enumerate(keys):
             entry = blocks.get(key)
+            if entry is None and fast and base is ahead_base and base is not None:
+                expected, base = ahead[i - ahead_at]
+                ahead_base = base
+                recomputed += 1
+                own = own_tokens[i]
+                if expected != key:
+                    self._chain_broken(key, own, parent, expected)
+                entry = blocks[key] = [1, parent, own, 0, base]
+                if by_node and (parent, own) not in child_of:
+                    child_of[(parent, own)] = key
+                if up is not None:
+                    up[KIDS] += 1
+                total += 1
+                if usable is not None and total > usable:
+                    r.fail(
+                        "cached_within_pool",
+                        self.where,
+                        f"{total} cached blocks after storing {key} exceed the pool's {usable}",
+                    )
+                parent, up = key, entry
+                continue
             had = 0 if entry is None else entry[COPIES]
             if known:
                 own = own_tokens[i]
