@@ -56,6 +56,17 @@ COPIES, PARENT, TOKENS, KIDS, STATE = range(5)
 None too), how many hashes with a known prefix name it as their parent, and the recipe's chain state of the
 hash (None when not known)."""
 
+TALLIED: tuple[tuple[str, str], ...] = (
+    ("seen", "stored"),
+    ("checked", "hash_chain_agrees"),
+    ("checked", "stored_once"),
+    ("checked", "cached_within_pool"),
+    ("seen", "removed"),
+    ("checked", "removed_was_cached"),
+)
+"""The counts stores and removals add (StreamResult's counter, key), in the order of ``StreamLedger._tally``:
+kept as plain integers while a batch is applied and added to the result once per batch."""
+
 
 class HashChain(Protocol):
     """An engine's block hash recipe as a chain (vLLM: adapters/vllm_live/hashing.py:BlockHasher)."""
@@ -250,6 +261,15 @@ class StreamLedger:
         self.last_seq: int | None = None
         self.where: dict[str, Any] = {}
         self._root = None if published_hash is None else published_hash.root()
+        self._tally = [0] * len(TALLIED)  # the counts of the batch being applied (TALLIED), not yet in result
+
+    def _count_tally(self) -> None:
+        """Add the batch's tallied counts to the result (a count of 0 adds no entry, as before)."""
+        r, tally = self.result, self._tally
+        for i, (counter, key) in enumerate(TALLIED):
+            if tally[i]:
+                getattr(r, counter)[key] += tally[i]
+                tally[i] = 0
 
     # -- the index ----------------------------------------------------------------
 
@@ -372,19 +392,24 @@ class StreamLedger:
             if in_flight:
                 self._refresh_bounds()
         r.seen["events"] += seen
+        self._count_tally()
 
     def stored(self, keys: Sequence[Hashable], tokens: Sequence[int], parent: Hashable | None) -> None:
         """A BlockStored: one cached copy more of each of ``keys``, the chain of blocks after ``parent``.
 
         Each block is checked in turn (``hash_chain_agrees``, ``stored_once``, ``cached_within_pool``, in
-        that order); the counts of checks made are added once per event. The recipe hashes the event's
+        that order); the counts of checks made are tallied once per event and added to the result once per
+        batch (:data:`TALLIED`). The recipe hashes the event's
         blocks in one call (:meth:`HashChain.chain`), ahead of the checks; that precomputed chain is used
         for a block only while the block's parent state is the one it ran on (else the rest is rehashed).
         A block costs one lookup in the index: each block's entry is the next block's parent entry.
         """
         r, bs = self.result, self.block_size
         count = len(keys)
-        r.seen["stored"] += count
+        tally = self._tally
+        tally[0] += count
+        if not count:
+            r.seen["stored"] += 0  # every BlockStored makes the entry, an empty one too
         blocks = self.blocks
         # The prefix is known when the parent is the root or a hash the index knows; ``up``: the parent's entry.
         up = None if parent is None else blocks.get(parent)
@@ -412,7 +437,8 @@ class StreamLedger:
         if known:
             if type(tokens) is not tuple:
                 tokens = tuple(tokens)
-            own_tokens = [tokens[start : start + bs] for start in range(0, count * bs, bs)]
+            # one block: its tokens are the event's (a whole-tuple slice is the tuple itself)
+            own_tokens = [tokens] if count == 1 else [tokens[start : start + bs] for start in range(0, count * bs, bs)]
             base = (None if chain is None else self._root) if up is None else up[STATE]
             if chain is not None and base is not None:
                 ahead, ahead_base = chain.chain(base, own_tokens), base
@@ -507,13 +533,10 @@ class StreamLedger:
                 )
             parent, up = key, entry
         self.total = total
-        checked = r.checked
-        if recomputed:
-            checked["hash_chain_agrees"] += recomputed
-        if count > unjudged:
-            checked["stored_once"] += count - unjudged
+        tally[1] += recomputed
+        tally[2] += count - unjudged
         if usable is not None:
-            checked["cached_within_pool"] += count
+            tally[3] += count
 
     def _identity_broken(self, key: Hashable, node: Node) -> None:
         r = self.result
@@ -572,9 +595,12 @@ class StreamLedger:
                 owner.held[key] = index
 
     def removed(self, keys: Iterable[Hashable]) -> None:
-        """A BlockRemoved: one cached copy less of each of ``keys`` (``removed_was_cached``, in order)."""
+        """A BlockRemoved: one cached copy less of each of ``keys`` (``removed_was_cached``, in order).
+
+        Its counts are tallied, added to the result by :meth:`apply_batch` at the end of the batch."""
         r, blocks, ever, in_flight = self.result, self.blocks, self.ever, self.in_flight
         removed = judged = 0
+        total = self.total
         for key in keys:
             removed += 1
             entry = blocks.get(key)
@@ -586,7 +612,7 @@ class StreamLedger:
             if left <= 0:
                 r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
                 continue
-            self.total -= 1
+            total -= 1
             entry[COPIES] = left - 1  # type: ignore[index]
             if left > 1:
                 if in_flight:
@@ -597,10 +623,10 @@ class StreamLedger:
                 del blocks[key]  # no node: the entry goes with its last copy
             elif entry[KIDS] <= 0 and not suspected:  # type: ignore[index]
                 self._forget(key)
-        if removed:
-            r.seen["removed"] += removed
-        if judged:
-            r.checked["removed_was_cached"] += judged
+        self.total = total
+        tally = self._tally
+        tally[4] += removed
+        tally[5] += judged
 
     def _cleared(self) -> None:
         r = self.result
