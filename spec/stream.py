@@ -262,13 +262,14 @@ class StreamLedger:
         self.where: dict[str, Any] = {}
         self._root = None if published_hash is None else published_hash.root()
         self._tally = [0] * len(TALLIED)  # the counts of the batch being applied (TALLIED), not yet in result
+        self._tallied = [(getattr(self.result, counter), key) for counter, key in TALLIED]
 
     def _count_tally(self) -> None:
         """Add the batch's tallied counts to the result (a count of 0 adds no entry, as before)."""
-        r, tally = self.result, self._tally
-        for i, (counter, key) in enumerate(TALLIED):
+        tally = self._tally
+        for i, (counter, key) in enumerate(self._tallied):
             if tally[i]:
-                getattr(r, counter)[key] += tally[i]
+                counter[key] += tally[i]
                 tally[i] = 0
 
     # -- the index ----------------------------------------------------------------
