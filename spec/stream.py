@@ -330,10 +330,13 @@ class StreamLedger:
     def _total(self) -> int:
         return self.total
 
-    def _forget(self, key: Hashable) -> None:
-        """Drop ``key``'s entry once it has a node, no cached copy and no known descendant; then its parent's."""
+    def _forget(self, key: Hashable, entry: list[Any] | None = None) -> None:
+        """Drop ``key``'s entry once it has a node, no cached copy and no known descendant; then its parent's.
+
+        ``entry``: ``key``'s entry where the caller holds it (else it is looked up)."""
         blocks, child_of = self.blocks, self.child
-        entry = None if key is None else blocks.get(key)
+        if entry is None and key is not None:
+            entry = blocks.get(key)
         while entry is not None and entry[TOKENS] is not None and entry[COPIES] <= 0 and entry[KIDS] <= 0:
             del blocks[key]
             parent, tokens = entry[PARENT], entry[TOKENS]
@@ -623,7 +626,7 @@ class StreamLedger:
             if entry[TOKENS] is None:  # type: ignore[index]
                 del blocks[key]  # no node: the entry goes with its last copy
             elif entry[KIDS] <= 0 and not suspected:  # type: ignore[index]
-                self._forget(key)
+                self._forget(key, entry)
         self.total = total
         tally = self._tally
         tally[4] += removed
