@@ -48,6 +48,25 @@ from typing import Any, Protocol, cast
 Prefix = tuple[int, ...]
 Node = tuple[Hashable | None, Prefix]  # a block as the index knows it: its parent's hash, its own tokens
 
+# An entry of the ledger's index (StreamLedger.blocks), one list per hash: what the index knows of it, read and
+# written by position so that a stored or removed block is one dict lookup (a list is the cheapest record here).
+COPIES, PARENT, TOKENS, KIDS, STATE = range(5)
+"""Positions in an entry ``[copies, parent, tokens, kids, state]``: the hash's cached copies (>= 0), its node
+(its parent's hash and its own tokens; ``tokens`` None while its prefix is not known, and then ``parent`` is
+None too), how many hashes with a known prefix name it as their parent, and the recipe's chain state of the
+hash (None when not known)."""
+
+TALLIED: tuple[tuple[str, str], ...] = (
+    ("seen", "stored"),
+    ("checked", "hash_chain_agrees"),
+    ("checked", "stored_once"),
+    ("checked", "cached_within_pool"),
+    ("seen", "removed"),
+    ("checked", "removed_was_cached"),
+)
+"""The counts stores and removals add (StreamResult's counter, key), in the order of ``StreamLedger._tally``:
+kept as plain integers while a batch is applied and added to the result once per batch."""
+
 
 class HashChain(Protocol):
     """An engine's block hash recipe as a chain (vLLM: adapters/vllm_live/hashing.py:BlockHasher)."""
@@ -205,10 +224,12 @@ class StreamLedger:
     ``usable_blocks``: the pool's capacity in blocks (None: unknown, ``cached_within_pool`` not judged).
     ``requests=False``: no request will start (a log without request records), so the ``child`` map, which
     only a request's prefix lookup reads, is not kept.
-    Kept: ``total`` is the sum of ``copies``; a hash is in ``node`` (and, with requests, ``child``) exactly
-    while its prefix is known and it or a descendant in ``node`` has a cached copy (``kids`` counts those
-    descendants), or, once removed, while an in-flight request suspects its removal (its child's store is
-    the proof).
+    The index is ``blocks``, one entry per hash (layout: :data:`COPIES` ...). Kept: a hash has an entry exactly
+    while it has a cached copy or a known prefix (a node); ``total`` is the sum of the entries' copies; a hash
+    has a node (and, with requests, a ``child`` entry) exactly while its prefix is known and it or a descendant
+    with a node has a cached copy (its ``kids`` counts the hashes whose node names it as parent), or, once
+    removed, while an in-flight request suspects its removal (its child's store is the proof); a chain state
+    is kept only in an entry with a node.
     """
 
     def __init__(
@@ -228,14 +249,11 @@ class StreamLedger:
         self.usable_blocks = usable_blocks
         self.published_hash = published_hash
         self.result = result or StreamResult()
-        self.copies: dict[Hashable, int] = {}  # hash -> cached copies (> 0)
+        self.blocks: dict[Hashable, list[Any]] = {}  # hash -> [copies, parent, tokens, kids, state]
         self.total = 0
-        self.node: dict[Hashable, Node] = {}
         # node -> hash, read only to look up a request's cached prefix: kept only when requests may come.
         self.child: dict[Node, Hashable] = {}
         self._by_node = requests
-        self.kids: dict[Hashable, int] = {}
-        self.state: dict[Hashable, Any] = {}  # the recipe's chain state of each hash in node
         # Without a recipe, the node each hash ever stood for (the only memory of a forgotten identity).
         self.identity: dict[Hashable, Node] | None = {} if published_hash is None else None
         self.ever: set[Hashable] | None = None if initial_known else set()
@@ -243,8 +261,28 @@ class StreamLedger:
         self.last_seq: int | None = None
         self.where: dict[str, Any] = {}
         self._root = None if published_hash is None else published_hash.root()
+        self._tally = [0] * len(TALLIED)  # the counts of the batch being applied (TALLIED), not yet in result
+        self._tallied = [(getattr(self.result, counter), key) for counter, key in TALLIED]
+
+    def _count_tally(self) -> None:
+        """Add the batch's tallied counts to the result (a count of 0 adds no entry, as before)."""
+        tally = self._tally
+        for i, (counter, key) in enumerate(self._tallied):
+            if tally[i]:
+                counter[key] += tally[i]
+                tally[i] = 0
 
     # -- the index ----------------------------------------------------------------
+
+    def copies(self, key: Hashable) -> int:
+        """The cached copies of ``key`` (0 for a hash the index has no copy of)."""
+        entry = self.blocks.get(key)
+        return 0 if entry is None else int(entry[COPIES])
+
+    def node(self, key: Hashable) -> Node | None:
+        """The node ``key`` stands for (its parent's hash, its own tokens); None when its prefix is not known."""
+        entry = self.blocks.get(key)
+        return None if entry is None or entry[TOKENS] is None else (entry[PARENT], entry[TOKENS])
 
     def _chain_keys(self, tokens: Sequence[int], limit: int) -> list[Hashable]:
         """The hashes of the leading whole blocks of ``tokens`` the index knows, up to ``limit`` blocks."""
@@ -265,7 +303,7 @@ class StreamLedger:
         limit = (len(tokens) - 1) // self.block_size if tokens else 0
         n = 0
         for key in self._chain_keys(tokens, limit):
-            if self.copies.get(key, 0) <= 0:
+            if self.copies(key) <= 0:
                 break
             n += 1
         return n
@@ -273,12 +311,13 @@ class StreamLedger:
     def _prefix(self, key: Hashable | None) -> Prefix | None:
         """The whole token prefix ``key`` stands for (() for no parent); None when a link is not known."""
         parts: list[Prefix] = []
+        blocks = self.blocks
         while key is not None:
-            found = self.node.get(key)
-            if found is None:
+            entry = blocks.get(key)
+            if entry is None or entry[TOKENS] is None:
                 return None
-            key, tokens = found
-            parts.append(tokens)
+            key = entry[PARENT]
+            parts.append(entry[TOKENS])
         return tuple(t for tokens in reversed(parts) for t in tokens)
 
     def _refresh_bounds(self) -> None:
@@ -291,20 +330,23 @@ class StreamLedger:
     def _total(self) -> int:
         return self.total
 
-    def _forget(self, key: Hashable) -> None:
-        """Drop ``key``'s node once it has no cached copy and no known descendant; then its parent's."""
-        copies, kids, node_of, state, child_of = self.copies, self.kids, self.node, self.state, self.child
-        while key is not None and key in node_of and copies.get(key, 0) <= 0 and kids.get(key, 0) <= 0:
-            parent, tokens = node_of.pop(key)
+    def _forget(self, key: Hashable, entry: list[Any] | None = None) -> None:
+        """Drop ``key``'s entry once it has a node, no cached copy and no known descendant; then its parent's.
+
+        ``entry``: ``key``'s entry where the caller holds it (else it is looked up)."""
+        blocks, child_of = self.blocks, self.child
+        if entry is None and key is not None:
+            entry = blocks.get(key)
+        while entry is not None and entry[TOKENS] is not None and entry[COPIES] <= 0 and entry[KIDS] <= 0:
+            del blocks[key]
+            parent, tokens = entry[PARENT], entry[TOKENS]
             if child_of and child_of.get((parent, tokens)) == key:
                 del child_of[(parent, tokens)]
-            state.pop(key, None)
-            kids.pop(key, None)
-            copies.pop(key, None)
             if parent is None:
                 return
-            kids[parent] = kids.get(parent, 0) - 1
-            key = parent
+            key, entry = parent, blocks.get(parent)  # a node's parent has a node (while it has kids)
+            if entry is not None:
+                entry[KIDS] -= 1
 
     # -- batches and events ----------------------------------------------------------
 
@@ -354,21 +396,28 @@ class StreamLedger:
             if in_flight:
                 self._refresh_bounds()
         r.seen["events"] += seen
+        self._count_tally()
 
     def stored(self, keys: Sequence[Hashable], tokens: Sequence[int], parent: Hashable | None) -> None:
         """A BlockStored: one cached copy more of each of ``keys``, the chain of blocks after ``parent``.
 
         Each block is checked in turn (``hash_chain_agrees``, ``stored_once``, ``cached_within_pool``, in
-        that order); the counts of checks made are added once per event. The recipe hashes the event's
+        that order); the counts of checks made are tallied once per event and added to the result once per
+        batch (:data:`TALLIED`). The recipe hashes the event's
         blocks in one call (:meth:`HashChain.chain`), ahead of the checks; that precomputed chain is used
         for a block only while the block's parent state is the one it ran on (else the rest is rehashed).
+        A block costs one lookup in the index: each block's entry is the next block's parent entry.
         """
         r, bs = self.result, self.block_size
         count = len(keys)
-        r.seen["stored"] += count
-        # The prefix is known when the parent is the root or a hash the index knows.
-        node_of = self.node
-        known = parent is None or parent in node_of
+        tally = self._tally
+        tally[0] += count
+        if not count:
+            r.seen["stored"] += 0  # every BlockStored makes the entry, an empty one too
+        blocks = self.blocks
+        # The prefix is known when the parent is the root or a hash the index knows; ``up``: the parent's entry.
+        up = None if parent is None else blocks.get(parent)
+        known = parent is None or (up is not None and up[TOKENS] is not None)
         if len(tokens) != count * bs:
             r.checked["hash_chain_agrees"] += 1
             r.fail(
@@ -379,12 +428,11 @@ class StreamLedger:
             known = False
         if not count:
             return
-        copies, child_of, kids, state, ever = self.copies, self.child, self.kids, self.state, self.ever
+        child_of, ever, by_node = self.child, self.ever, self._by_node
         chain, identity, in_flight, usable = self.published_hash, self.identity, self.in_flight, self.usable_blocks
-        by_node = self._by_node
         recomputed = unjudged = 0
         total = self.total
-        blocks: Sequence[Prefix] = ()
+        own_tokens: Sequence[Prefix] = ()
         # The recipe's (published hash, state) of each block, run on from ``ahead_base``: ahead[i - ahead_at].
         ahead: Sequence[tuple[Hashable, Any]] = ()
         ahead_at = 0
@@ -393,54 +441,93 @@ class StreamLedger:
         if known:
             if type(tokens) is not tuple:
                 tokens = tuple(tokens)
-            blocks = [tokens[start : start + bs] for start in range(0, count * bs, bs)]
-            base = (None if chain is None else self._root) if parent is None else state.get(parent)
+            # one block: its tokens are the event's (a whole-tuple slice is the tuple itself)
+            own_tokens = [tokens] if count == 1 else [tokens[start : start + bs] for start in range(0, count * bs, bs)]
+            base = (None if chain is None else self._root) if up is None else up[STATE]
             if chain is not None and base is not None:
-                ahead, ahead_base = chain.chain(base, blocks), base
+                ahead, ahead_base = chain.chain(base, own_tokens), base
+        # The common case, a new hash after a parent whose state the chain ahead ran on, with no request in
+        # flight and no per-hash memory to keep, takes the short way below: the same checks in the same order.
+        fast = known and not in_flight and identity is None and ever is None
         for i, key in enumerate(keys):
-            had = copies.get(key, 0)
+            entry = blocks.get(key)
+            if entry is None and fast and base is ahead_base and base is not None:
+                expected, base = ahead[i - ahead_at]
+                ahead_base = base
+                recomputed += 1
+                own = own_tokens[i]
+                if expected != key:
+                    self._chain_broken(key, own, parent, expected)
+                entry = blocks[key] = [1, parent, own, 0, base]
+                if by_node and (parent, own) not in child_of:
+                    child_of[(parent, own)] = key
+                if up is not None:
+                    up[KIDS] += 1
+                total += 1
+                if usable is not None and total > usable:
+                    r.fail(
+                        "cached_within_pool",
+                        self.where,
+                        f"{total} cached blocks after storing {key} exceed the pool's {usable}",
+                    )
+                parent, up = key, entry
+                continue
+            had = 0 if entry is None else entry[COPIES]
             if known:
-                own = blocks[i]
-                node: Node = (parent, own)
+                own = own_tokens[i]
                 # The whole prefix, only when an in-flight request may compute it.
                 block: Prefix | None = None
                 if in_flight:
                     head = self._prefix(parent)
                     block = None if head is None else head + own
                 # One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens.
-                present = node_of.get(key)
-                before = present
-                if before is None and identity is not None:
-                    before = identity.setdefault(key, node)
-                if before is not None and before != node:
-                    self._identity_broken(key, node)
-                    base = state.get(key)
+                present = entry is not None and entry[TOKENS] is not None
+                if present:
+                    broken = entry[PARENT] != parent or entry[TOKENS] != own  # type: ignore[index]
+                else:
+                    broken = identity is not None and identity.setdefault(key, (parent, own)) != (parent, own)
+                learnt: Any = None  # the chain state this store teaches an entry that has none
+                if broken:
+                    self._identity_broken(key, (parent, own))
+                    base = None if entry is None else entry[STATE]
                 elif base is not None:  # else the parent's chain is not known (or there is no recipe)
                     recomputed += 1
                     if base is not ahead_base and base != ahead_base:  # the chain ahead ran on another state
-                        ahead, ahead_at, ahead_base = chain.chain(base, blocks[i:]), i, base  # type: ignore[union-attr]
+                        ahead, ahead_at, ahead_base = chain.chain(base, own_tokens[i:]), i, base  # type: ignore[union-attr]
                     expected, chained = ahead[i - ahead_at]
                     ahead_base = chained
-                    base = state.setdefault(key, chained)
+                    kept = None if entry is None else entry[STATE]
+                    base = learnt = chained if kept is None else kept
                     if expected != key:
                         self._chain_broken(key, own, parent, expected)
                 else:
-                    base = state.get(key)
+                    base = None if entry is None else entry[STATE]
                 if in_flight or had > 0:
                     self._check_stored_once(key, block, had > 0)
                 if ever is not None:
                     ever.add(key)
-                if present is None:  # the index learns the block (``known`` stays true for its child)
-                    node_of[key] = node
-                    if by_node and node not in child_of:
-                        child_of[node] = key
-                    if parent is not None:
-                        kids[parent] = kids.get(parent, 0) + 1
+                if entry is None:  # the index learns the block (``known`` stays true for its child)
+                    entry = blocks[key] = [had + 1, parent, own, 0, learnt]
+                else:
+                    entry[COPIES] = had + 1
+                    if entry[STATE] is None:
+                        entry[STATE] = learnt
+                    if not present:
+                        entry[PARENT], entry[TOKENS] = parent, own
+                if not present:
+                    if by_node and (parent, own) not in child_of:
+                        child_of[(parent, own)] = key
+                    if up is not None:
+                        up[KIDS] += 1
                 if block is not None:
                     self._hold(key, block)
-            elif had > 0:
-                unjudged += 1  # a cached hash stored with an unknown prefix: cannot tell who recomputes it
-            copies[key] = had + 1
+            else:
+                if had > 0:
+                    unjudged += 1  # a cached hash stored with an unknown prefix: cannot tell who recomputes it
+                if entry is None:
+                    entry = blocks[key] = [1, None, None, 0, None]
+                else:
+                    entry[COPIES] = had + 1
             total += 1
             if usable is not None and total > usable:
                 r.fail(
@@ -448,15 +535,12 @@ class StreamLedger:
                     self.where,
                     f"{total} cached blocks after storing {key} exceed the pool's {usable}",
                 )
-            parent = key
+            parent, up = key, entry
         self.total = total
-        checked = r.checked
-        if recomputed:
-            checked["hash_chain_agrees"] += recomputed
-        if count > unjudged:
-            checked["stored_once"] += count - unjudged
+        tally[1] += recomputed
+        tally[2] += count - unjudged
         if usable is not None:
-            checked["cached_within_pool"] += count
+            tally[3] += count
 
     def _identity_broken(self, key: Hashable, node: Node) -> None:
         r = self.result
@@ -492,7 +576,7 @@ class StreamLedger:
             self.result.fail(
                 "stored_once",
                 self.where,
-                f"hash {key} stored again while cached ({self.copies[key]} copies) "
+                f"hash {key} stored again while cached ({self.copies(key)} copies) "
                 "and no in-flight request is computing that block",
             )
 
@@ -515,13 +599,16 @@ class StreamLedger:
                 owner.held[key] = index
 
     def removed(self, keys: Iterable[Hashable]) -> None:
-        """A BlockRemoved: one cached copy less of each of ``keys`` (``removed_was_cached``, in order)."""
-        r = self.result
-        copies, ever, node_of = self.copies, self.ever, self.node
+        """A BlockRemoved: one cached copy less of each of ``keys`` (``removed_was_cached``, in order).
+
+        Its counts are tallied, added to the result by :meth:`apply_batch` at the end of the batch."""
+        r, blocks, ever, in_flight = self.result, self.blocks, self.ever, self.in_flight
         removed = judged = 0
+        total = self.total
         for key in keys:
             removed += 1
-            left = copies.get(key, 0)
+            entry = blocks.get(key)
+            left = 0 if entry is None else entry[COPIES]
             if left <= 0 and ever is not None and key not in ever:
                 r.seen["removed before the stream was joined"] += 1
                 continue
@@ -529,34 +616,33 @@ class StreamLedger:
             if left <= 0:
                 r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
                 continue
-            self.total -= 1
+            total -= 1
+            entry[COPIES] = left - 1  # type: ignore[index]
             if left > 1:
-                copies[key] = left - 1
-                if self.in_flight:
+                if in_flight:
                     self._check_holders({key})
                 continue
-            del copies[key]
-            suspected = bool(self.in_flight) and self._check_holders({key})
-            if key in node_of and self.kids.get(key, 0) <= 0 and not suspected:
-                self._forget(key)
-        if removed:
-            r.seen["removed"] += removed
-        if judged:
-            r.checked["removed_was_cached"] += judged
+            suspected = bool(in_flight) and self._check_holders({key})
+            if entry[TOKENS] is None:  # type: ignore[index]
+                del blocks[key]  # no node: the entry goes with its last copy
+            elif entry[KIDS] <= 0 and not suspected:  # type: ignore[index]
+                self._forget(key, entry)
+        self.total = total
+        tally = self._tally
+        tally[4] += removed
+        tally[5] += judged
 
     def _cleared(self) -> None:
         r = self.result
         r.seen["cleared"] += 1
         self.known = True
         self.ever = None
-        gone = set(self.copies)
-        self.copies.clear()
+        in_flight = bool(self.in_flight)
+        gone = {key for key, entry in self.blocks.items() if entry[COPIES] > 0} if in_flight else set()
+        self.blocks.clear()
         self.total = 0
-        self.node.clear()
         self.child.clear()
-        self.kids.clear()
-        self.state.clear()
-        if self.in_flight:
+        if in_flight:
             self._check_holders(gone)
 
     def _check_holders(self, gone: set[Hashable]) -> bool:
@@ -570,12 +656,12 @@ class StreamLedger:
         a block of its chain past the lost one. Given up: a loss after the request's last store (vLLM
         never stores the block holding the final sampled token, so its last whole block may never be).
         """
-        r, copies, suspected = self.result, self.copies, False
+        r, copies, suspected = self.result, self.copies, False  # copies: a function of the hash
         for flight in self.in_flight.values():
             if not flight.guarded:
                 continue
             r.checked["in_flight_not_removed"] += 1
-            lost = sorted((k for k in flight.held.keys() & gone if copies.get(k, 0) <= 0), key=str)
+            lost = sorted((k for k in flight.held.keys() & gone if copies(k) <= 0), key=str)
             if not lost:
                 continue
             if flight.alone:
@@ -610,7 +696,7 @@ class StreamLedger:
         """``flight`` finished unproven: its suspicions are dropped, and the removed prefixes they kept."""
         self.result.seen["in_flight_not_removed unproven"] += len(flight.suspect)
         for key in flight.suspect:
-            if key in self.node and not any(key in f.suspect for f in self.in_flight.values()):
+            if self.node(key) is not None and not any(key in f.suspect for f in self.in_flight.values()):
                 self._forget(key)
 
     # -- requests and gauges ---------------------------------------------------------

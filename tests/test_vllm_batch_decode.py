@@ -53,6 +53,10 @@ def strict(chunk: bytes) -> dict[str, Any] | None:
     return line.data
 
 
+def plain(value: Any) -> Any:
+    return list(value) if type(value) is tuple else value
+
+
 def agrees(chunk: bytes) -> bool:
     """The decoder leaves ``chunk`` to the strict reader, or reads the batch the strict reader reads."""
     assert DECODE is not None
@@ -61,7 +65,8 @@ def agrees(chunk: bytes) -> bool:
         return True  # the strict path reads it (and says what is wrong with it)
     if data is None:
         return False
-    events = [{"type": e.kind, **{k: getattr(e, k) for k in FIELDS[e.kind]}} for e in typed.events]
+    # token_ids decode as a tuple (what the ledger keeps), the strict reader's as a list: the same values
+    events = [{"type": e.kind, **{k: plain(getattr(e, k)) for k in FIELDS[e.kind]}} for e in typed.events]
     wanted = [{"type": e["type"], **{k: e.get(k) for k in FIELDS[e["type"]]}} for e in data["events"]]
     return typed.seq == data["seq"] and typed.ts == float(data["ts"]) and events == wanted
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 SUPPORTED_ALGOS = frozenset({"sha256"})
 MASK_64 = (1 << 64) - 1
 _sha256, _dumps = hashlib.sha256, pickle.dumps
+_LOW_64 = struct.Struct(">Q").unpack_from  # (digest, 24) -> (the digest's last 8 bytes as a big-endian int,)
 
 
 def sha256_pickle(obj: Any) -> bytes:
@@ -69,8 +71,8 @@ class BlockHasher:
 
     def child(self, parent: bytes, tokens: tuple[int, ...]) -> tuple[int, bytes]:
         """The published hash and full digest of the block of ``tokens`` after the block of digest ``parent``."""
-        digest = _sha256(_dumps((parent, tokens, None), protocol=pickle.HIGHEST_PROTOCOL)).digest()
-        return int.from_bytes(digest[-8:], "big"), digest
+        digest = _sha256(_dumps((parent, tokens, None), pickle.HIGHEST_PROTOCOL)).digest()
+        return _LOW_64(digest, 24)[0], digest
 
     def chain(self, parent: bytes, blocks: Sequence[tuple[int, ...]]) -> list[tuple[int, bytes]]:
         """:meth:`child` of each of ``blocks`` in turn, the first after ``parent``, each next after the one before.
@@ -80,12 +82,13 @@ class BlockHasher:
         with the block, so the chain costs one hash per stored block and memory per live block
         (kvspec.spec.stream.HashChain).
         """
-        # sha256_pickle and external inlined; the low 64 bits are the digest's last 8 bytes
-        sha256, dumps, protocol, from_bytes = _sha256, _dumps, pickle.HIGHEST_PROTOCOL, int.from_bytes
+        # sha256_pickle and external inlined; the low 64 bits are the digest's last 8 bytes, read in place. The
+        # protocol is passed by position: pickle.dumps parses a keyword argument at about the cost of the pickling.
+        sha256, dumps, protocol, low_64 = _sha256, _dumps, pickle.HIGHEST_PROTOCOL, _LOW_64
         out = []
         for tokens in blocks:
-            parent = sha256(dumps((parent, tokens, None), protocol=protocol)).digest()
-            out.append((from_bytes(parent[-8:], "big"), parent))
+            parent = sha256(dumps((parent, tokens, None), protocol)).digest()
+            out.append((low_64(parent, 24)[0], parent))
         return out
 
     def published(self, prefix: Sequence[int]) -> int:

@@ -35,7 +35,7 @@ def _decoder() -> Callable[[bytes], Any] | None:
     class BlockStored(msgspec.Struct, tag=True, gc=False):
         kind: ClassVar[str] = "BlockStored"
         block_hashes: hash_list
-        token_ids: list[int]
+        token_ids: tuple[int, ...]  # a tuple, as the stream ledger keeps a block's tokens (no copy there)
         parent_block_hash: int | str | None = None
         block_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
