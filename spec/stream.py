@@ -465,11 +465,7 @@ class StreamLedger:
                     up[KIDS] += 1
                 total += 1
                 if usable is not None and total > usable:
-                    r.fail(
-                        "cached_within_pool",
-                        self.where,
-                        f"{total} cached blocks after storing {key} exceed the pool's {usable}",
-                    )
+                    self._over_pool(total, key)
                 parent, up = key, entry
                 continue
             had = 0 if entry is None else entry[COPIES]
@@ -530,17 +526,20 @@ class StreamLedger:
                     entry[COPIES] = had + 1
             total += 1
             if usable is not None and total > usable:
-                r.fail(
-                    "cached_within_pool",
-                    self.where,
-                    f"{total} cached blocks after storing {key} exceed the pool's {usable}",
-                )
+                self._over_pool(total, key)
             parent, up = key, entry
         self.total = total
         tally[1] += recomputed
         tally[2] += count - unjudged
         if usable is not None:
             tally[3] += count
+
+    def _over_pool(self, total: int, key: Hashable) -> None:
+        self.result.fail(
+            "cached_within_pool",
+            self.where,
+            f"{total} cached blocks after storing {key} exceed the pool's {self.usable_blocks}",
+        )
 
     def _identity_broken(self, key: Hashable, node: Node) -> None:
         r = self.result
