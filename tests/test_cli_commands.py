@@ -6,11 +6,14 @@ The commands are listed from the parser itself, so a command added without a cas
 from __future__ import annotations
 
 import argparse
+import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from kvspec.cli import build_parser, main
+from kvspec.cli import GROUPS, build_parser, main
 from kvspec.report import ExitCode
 
 # One invocation per command that cannot run: bad usage, a missing file, an unknown adapter, a bad size.
@@ -82,3 +85,25 @@ def test_a_bad_invocation_could_not_run(command: str, tmp_path: Path, capsys: py
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip(), "a command that could not run says why on stderr"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_each_group_registers_the_commands_groups_names(group: str) -> None:
+    """``GROUPS`` says which module to import for a command: it must name exactly what the module registers."""
+    sub = argparse.ArgumentParser().add_subparsers()
+    importlib.import_module(f"kvspec.cli.{group}").register(sub)
+    assert tuple(sub.choices) == GROUPS[group]
+
+
+def test_a_command_imports_only_its_own_group(tmp_path: Path) -> None:
+    """A real run of ``kvspec trace check`` in a fresh process: it works without the other groups' modules."""
+    log = Path(__file__).parent / "data" / "vllm_live_cpu.jsonl"
+    argv = ["trace", "check", str(log), "--format", "vllm-events", "--report", str(tmp_path / "r.json")]
+    code = (
+        f"import sys\nfrom kvspec.cli import main\ncode = main({argv!r})\n"
+        "print(sorted(m for m in sys.modules if m.startswith('kvspec.cli.')))\nsys.exit(code)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['kvspec.cli.common', 'kvspec.cli.trace']"
+    assert (tmp_path / "r.json").exists()

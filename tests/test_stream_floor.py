@@ -1,0 +1,71 @@
+"""benchmarks/stream_floor.py, the event benchmark's peer: it really reads, decodes and rehashes the whole stream."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from kvspec.bench.vllm_stream import StreamShape, generate
+
+pytest.importorskip("msgspec", reason="the floor decodes with msgspec (the events extra)")
+
+
+def _load() -> tuple[Callable[..., dict[str, int]], Callable[[list[str]], int]]:
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "stream_floor.py"
+    spec = importlib.util.spec_from_file_location("kvspec_bench_stream_floor", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.floor, module.main
+
+
+floor, main = _load()
+
+SHAPE = StreamShape(blocks=256, events=3_000, reset_every=1_000)
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, int]]:
+    path = tmp_path_factory.mktemp("floor") / "stream.jsonl"
+    return path, generate(path, SHAPE)
+
+
+def test_floor_does_every_event_and_every_hash(stream: tuple[Path, dict[str, int]]) -> None:
+    path, made = stream
+    done = floor(path)
+    batches = [json.loads(line) for line in path.read_text().splitlines() if line.startswith('{"seq"')]
+    events = [e for batch in batches for e in batch["events"]]
+    assert done["lines"] == len(batches) + 1  # and the config record
+    assert done["events"] == len(events) == made["events"]
+    assert done["stored"] == sum(len(e["block_hashes"]) for e in events if e["type"] == "BlockStored") > 0
+    assert done["mismatched"] == 0  # the recipe gives every published hash of a hash-consistent stream
+
+
+def test_floor_rehashes_for_real(stream: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+    """One published hash changed: the recipe no longer gives it (nor its child's, chained from a lost parent)."""
+    path, _ = stream
+    lines = path.read_text().splitlines()
+    n, line = next((i, line) for i, line in enumerate(lines) if '"block_hashes":[' in line and "BlockStored" in line)
+    batch = json.loads(line)
+    stored = next(e for e in batch["events"] if e["type"] == "BlockStored")
+    stored["block_hashes"][0] ^= 1
+    lines[n] = json.dumps(batch)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines) + "\n")
+    assert floor(broken)["mismatched"] >= 1
+
+
+def test_main_prints_the_counts_and_refuses_bad_usage(
+    stream: tuple[Path, dict[str, int]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, made = stream
+    assert main([str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["events"] == made["events"]
+    assert main([]) == 2
+    assert main([str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "usage" in err and "missing.jsonl" in err and "Traceback" not in err
