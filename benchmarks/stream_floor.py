@@ -23,25 +23,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvspec.adapters.vllm_live.hashing import BlockHasher
+from kvspec.adapters.vllm_live.hashing import DEFAULT_NONE_HASH_SEED, BlockHasher
 from kvspec.report import ExitCode
 from kvspec.traces.lines import TraceFormatError, raw_lines
 from kvspec.traces.vllm_batch import DECODE
 
 
-def floor(path: Path, block_size: int = 16) -> dict[str, Any]:
+def floor(path: Path) -> dict[str, Any]:
     """Read, decode and rehash ``path`` as the checker must; counts of what was done (``mismatched``: hashes
-    the recipe does not give, 0 on a hash-consistent stream)."""
+    the recipe does not give, 0 on a hash-consistent stream). Block size and seed come from its config record."""
     if DECODE is None:
         raise RuntimeError("msgspec is not installed (the events extra)")
-    hasher = BlockHasher(block_size)
-    root, chain = hasher.root(), hasher.chain
+    hasher = BlockHasher(16)
+    block_size, root, chain = hasher.block_size, hasher.root(), hasher.chain
     digests: dict[Any, bytes] = {}
     lines = events = stored = mismatched = 0
     for _, chunk in raw_lines(path):
         lines += 1
         batch = DECODE(chunk)
         if batch is None:  # the config record (or a note)
+            config = json.loads(chunk).get("config") or {}
+            seed = config.get("none_hash_seed") or DEFAULT_NONE_HASH_SEED
+            hasher = BlockHasher(int(config.get("block_size") or block_size), none_hash_seed=seed)
+            block_size, root, chain = hasher.block_size, hasher.root(), hasher.chain
             continue
         for event in batch.events:
             events += 1

@@ -69,3 +69,11 @@ def test_main_prints_the_counts_and_refuses_bad_usage(
     assert main([str(tmp_path / "missing.jsonl")]) == 2
     err = capsys.readouterr().err
     assert "usage" in err and "missing.jsonl" in err and "Traceback" not in err
+
+
+def test_floor_reads_the_block_size_of_the_config(tmp_path: Path) -> None:
+    """A stream of 8-token blocks: sliced into 16-token ones, no hash would be the recipe's."""
+    path = tmp_path / "bs8.jsonl"
+    generate(path, StreamShape(blocks=128, events=500, block_size=8))
+    done = floor(path)
+    assert done["stored"] > 0 and done["mismatched"] == 0
