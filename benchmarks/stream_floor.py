@@ -25,8 +25,9 @@ from typing import Any
 
 from kvspec.adapters.vllm_live.hashing import DEFAULT_NONE_HASH_SEED, BlockHasher
 from kvspec.report import ExitCode
-from kvspec.traces.lines import TraceFormatError, raw_lines
+from kvspec.traces.lines import TraceFormatError, parse_line, raw_lines
 from kvspec.traces.vllm_batch import DECODE
+from kvspec.traces.vllm_events import validate
 
 
 def floor(path: Path) -> dict[str, Any]:
@@ -38,27 +39,32 @@ def floor(path: Path) -> dict[str, Any]:
     block_size, root, chain = hasher.block_size, hasher.root(), hasher.chain
     digests: dict[Any, bytes] = {}
     lines = events = stored = mismatched = 0
-    for _, chunk in raw_lines(path):
+    for number, chunk in raw_lines(path):
         lines += 1
         batch = DECODE(chunk)
-        if batch is None:  # the config record (or a note)
-            config = json.loads(chunk).get("config") or {}
-            seed = config.get("none_hash_seed") or DEFAULT_NONE_HASH_SEED
-            hasher = BlockHasher(int(config.get("block_size") or block_size), none_hash_seed=seed)
-            block_size, root, chain = hasher.block_size, hasher.root(), hasher.chain
+        if batch is None:  # another record (the config), a note, or a line the checker's strict reader refuses
+            line = parse_line(number, chunk)
+            if validate(line) == "config":  # the checker's own check of its fields (TraceFormatError, with the line)
+                config = line.data["config"]
+                seed = config.get("none_hash_seed") or DEFAULT_NONE_HASH_SEED
+                hasher = BlockHasher(config.get("block_size") or block_size, none_hash_seed=seed)
+                block_size, root, chain = hasher.block_size, hasher.root(), hasher.chain
             continue
         for event in batch.events:
             events += 1
             kind = event.kind
             if kind == "BlockStored":
                 keys, tokens = event.block_hashes, event.token_ids
+                stored += len(keys)
+                if len(tokens) != len(keys) * block_size:  # no block of it can be the recipe's
+                    mismatched += len(keys)
+                    continue
                 blocks = [tokens[i : i + block_size] for i in range(0, len(keys) * block_size, block_size)]
                 parent = event.parent_block_hash
                 base = root if parent is None else digests.get(parent, root)
                 for key, (published, digest) in zip(keys, chain(base, blocks), strict=True):
                     digests[key] = digest
                     mismatched += published != key
-                stored += len(keys)
             elif kind == "BlockRemoved":
                 for key in event.block_hashes:
                     digests.pop(key, None)

@@ -143,8 +143,8 @@ def markdown(result: dict[str, Any]) -> str:
             "stored hash with vLLM's recipe, which any exact checker of the stream must do, and nothing else (no "
             "ledger, no other invariant, no report). Share of floor: the floor's CPU over the checker's, the part of "
             "the checker's cost that is that floor; unlike events/s it does not move with the machine's speed. Both "
-            "CPU figures include their process's start (imports: about 0.5 s each "
-            "here), which weighs on the short streams of --quick and not on the long ones.",
+            "CPU figures include their process's start (imports: about 0.5 s each here), which weighs on the short "
+            "streams of --quick and not on the long ones.",
             "",
             *([result["note"], ""] if result.get("note") else []),
             "## How many serving instances one core can follow",

@@ -72,8 +72,40 @@ def test_main_prints_the_counts_and_refuses_bad_usage(
 
 
 def test_floor_reads_the_block_size_of_the_config(tmp_path: Path) -> None:
-    """A stream of 8-token blocks: sliced into 16-token ones, no hash would be the recipe's."""
+    """A stream of 8-token blocks: read as 16-token ones, no BlockStored would carry its blocks' tokens."""
     path = tmp_path / "bs8.jsonl"
     generate(path, StreamShape(blocks=128, events=500, block_size=8))
     done = floor(path)
     assert done["stored"] > 0 and done["mismatched"] == 0
+
+
+def test_a_store_without_its_blocks_tokens_is_mismatched(stream: tuple[Path, dict[str, int]], tmp_path: Path) -> None:
+    path, _ = stream
+    lines = path.read_text().splitlines()
+    n, line = next((i, line) for i, line in enumerate(lines) if "BlockStored" in line)
+    batch = json.loads(line)
+    stored = next(e for e in batch["events"] if e["type"] == "BlockStored")
+    stored["token_ids"] = stored["token_ids"][:-1]
+    lines[n] = json.dumps(batch)
+    broken = tmp_path / "short.jsonl"
+    broken.write_text("\n".join(lines) + "\n")
+    assert floor(broken)["mismatched"] >= len(stored["block_hashes"])
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("not json\n", "line 1: not JSON"),
+        ("[1]\n", "line 1: expected a JSON object"),
+        ('{"config": {"block_size": "x"}}\n', "line 1: malformed config record"),
+        ('{"config": {}}\n{"seq": 0, "ts": 1, "events": [{"type": "BlockStored"}]}\n', "line 2: malformed batch"),
+    ],
+)
+def test_a_malformed_stream_is_one_line_and_exit_2(
+    text: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(text)
+    assert main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1, err
