@@ -109,3 +109,14 @@ def test_a_malformed_stream_is_one_line_and_exit_2(
     assert main([str(bad)]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("name", ["vllm_live_cpu.jsonl", "vllm_live_delayed_reply.jsonl"])
+def test_floor_gives_every_hash_of_a_real_vllm_log(name: str) -> None:
+    """Logs recorded from a real vLLM 0.32 server (requests, gauges and resets between the batches)."""
+    path = Path(__file__).parent / "data" / name
+    events = [e for line in path.read_text().splitlines() for e in json.loads(line).get("events", [])]
+    done = floor(path)
+    assert done["events"] == len(events) > 0
+    assert done["stored"] == sum(len(e["block_hashes"]) for e in events if e["type"] == "BlockStored") > 0
+    assert done["mismatched"] == 0
