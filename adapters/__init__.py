@@ -6,14 +6,10 @@ points of the ``kvspec.adapters`` group.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from importlib.metadata import entry_points
 
+from kvspec.adapter import AdapterFactory
 from kvspec.dotted import DottedPathError, import_object
-
-from .base import Adapter, Capabilities
-
-AdapterFactory = Callable[[], Adapter]
 
 BUILTIN: dict[str, str] = {
     "reference": "kvspec.adapters.reference_paged:ReferencePagedAdapter",
@@ -81,10 +77,8 @@ def load(name_or_path: str) -> AdapterFactory:
 
 __all__ = [
     "BUILTIN",
-    "Adapter",
     "AdapterFactory",
     "AdapterLoadError",
-    "Capabilities",
     "UnknownAdapter",
     "available",
     "load",

@@ -43,9 +43,8 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from kvspec.spec import Config, Event, Observation, Op, Outcome
+from kvspec.adapter import Adapter, Capabilities, Config, Event, Observation, Op, Outcome
 
-from .base import Adapter, Capabilities
 from .kept import Agreed, KeptState
 
 START_TIMEOUT_S = 120.0
@@ -181,7 +180,7 @@ def _serve(factory: Callable[[], Adapter], conn: Connection) -> None:
 
 
 class IsolatedAdapter:
-    """An :class:`~kvspec.adapters.base.Adapter` whose implementation runs in a child process.
+    """An :class:`~kvspec.adapter.contract.Adapter` whose implementation runs in a child process.
 
     Invariant: at most one child at a time; every call either answers within its timeout or
     raises an :class:`AdapterFault`; after a timeout or a death there is no child until the

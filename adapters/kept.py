@@ -1,7 +1,7 @@
 """The isolation child's copy of the state the harness keeps from an adapter's deltas.
 
 Taking deltas, the harness (stateful_tests/harness.py) keeps the adapter's whole observation itself
-(``Harness.live``, a :class:`~kvspec.spec.LiveObservation`) and, every K steps and at the end of an example,
+(``Harness.live``, a :class:`~kvspec.spec.KeptObservation`) and, every K steps and at the end of an example,
 compares it with the adapter's full observation. Sending that observation from the adapter's child process
 costs what the pool holds (about a second at 65,536 blocks: pickling tens of thousands of ObjectViews), so
 the child keeps a :class:`KeptState` fed the same answers, compares there, and sends the observation only
@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvspec.spec import LiveObservation, Observation, ObservationDelta
-from kvspec.spec.delta import differences
-
-from .answers import malformed_observation
+from kvspec.adapter import Observation, ObservationDelta
+from kvspec.adapter.answers import malformed_observation
+from kvspec.spec.delta import KeptObservation, differences
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class KeptState:
     """
 
     def __init__(self) -> None:
-        self.live: LiveObservation | None = None
+        self.live: KeptObservation | None = None
 
     def drop(self) -> None:
         self.live = None
@@ -62,7 +61,7 @@ class KeptState:
         self.live = None
         if not malformed_observation(obs):
             try:
-                self.live = LiveObservation(obs)  # type: ignore[arg-type]
+                self.live = KeptObservation(obs)  # type: ignore[arg-type]
             except Exception:  # well-typed at the top, yet not keepable (an unhashable oid): send it next time
                 self.live = None
 

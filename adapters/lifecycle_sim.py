@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from kvspec.adapters.base import Capabilities
+from kvspec.adapter import Capabilities, Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim
-from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
 
 Tokens = tuple[int, ...]
 SimFactory = Callable[[Config], LifecycleSim]

@@ -19,7 +19,7 @@ nano-vllm has no reset and no way to drop a request's cache on release: ``reset_
 and ``release(keep=False)`` is declined. A block's key is its ``hash``; the index is ``hash_to_block_id``
 less stale entries (a block freed and reused keeps its old entry in generation 1; the lookup's own
 ``token_ids`` guard misses on them unless the block holds the same tokens under another prefix, which shows
-as a hit of the wrong block). Evictions are derived from successive observations (adapters/toolkit.py).
+as a hit of the wrong block). Evictions are derived from successive observations (kvspec/adapter/toolkit.py).
 """
 
 from __future__ import annotations
@@ -28,10 +28,22 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kvspec.adapters.base import Capabilities
-from kvspec.adapters.toolkit import append_atomically, derived_events, import_without_init
-from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics, blocks_for
-from kvspec.spec.observation import RequestState
+from kvspec.adapter import (
+    Capabilities,
+    Config,
+    Event,
+    ObjectView,
+    Observation,
+    Op,
+    Outcome,
+    RequestState,
+    RequestView,
+    Semantics,
+    append_atomically,
+    blocks_for,
+    derived_events,
+    import_without_init,
+)
 
 
 class NanoVllmAdapter:

@@ -1,6 +1,6 @@
 """Adapter for the bundled paged prefix cache (reference/paged.py), the default target.
 
-One adapter per eviction policy of reference/policies.py: each declares the
+One adapter per eviction policy of reference/eviction_policies.py: each declares the
 matching spec Semantics (exact), so the refinement checks hold the pool's
 evictions to the spec's own order and the policy checks to the declared one.
 """
@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvspec.adapters.base import Capabilities
+from kvspec.adapter import (
+    Capabilities,
+    Config,
+    Event,
+    ObjectView,
+    Observation,
+    ObservationDelta,
+    Op,
+    Outcome,
+    RequestView,
+    Semantics,
+)
+from kvspec.reference.eviction_policies import POLICIES, EvictionPolicy, FamilyProtectPolicy, ScorePolicy
 from kvspec.reference.paged import NoFreeBlocks, PagedPrefixCache
 from kvspec.reference.paged_newest import NewestOwnsIndex
-from kvspec.reference.policies import POLICIES, EvictionPolicy, FamilyProtectPolicy, ScorePolicy
-from kvspec.spec import Config, Event, ObjectView, Observation, ObservationDelta, Op, Outcome, RequestView, Semantics
 
 PoolFactory = Callable[[Config], PagedPrefixCache]
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
-from kvspec.adapters.base import Capabilities
+from kvspec.adapter import Capabilities, Config, Event, ObjectView, Observation, Op, Outcome, Semantics
 from kvspec.reference.scheduler import SchedulerSim
-from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, Semantics
 
 Tokens = tuple[int, ...]
 SimFactory = Callable[[Config], SchedulerSim]

@@ -27,7 +27,7 @@ token path from the root to its end and carries its node's ``lock_ref``; a page 
 request holds outside the tree is uncached; free is the allocator's
 ``available_size()``. The whole tree (keys, values, lock_ref, parents, children,
 access times, the evictable and protected sizes, each request's row and lock)
-goes under ``extra["radix"]`` for the radix invariants (spec.radix).
+goes under ``extra["radix"]`` for the radix invariants (spec.radix_view).
 """
 
 from __future__ import annotations
@@ -35,11 +35,24 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from kvspec.adapter import (
+    OP_KINDS,
+    RADIX,
+    Capabilities,
+    Config,
+    Event,
+    ObjectView,
+    Observation,
+    Op,
+    Outcome,
+    RadixNode,
+    RadixOrder,
+    RadixView,
+    RequestView,
+    Semantics,
+    blocks_for,
+)
 from kvspec.adapters import _sglang_shims as shims
-from kvspec.adapters.base import Capabilities
-from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
-from kvspec.spec.ops import OP_KINDS, blocks_for
-from kvspec.spec.radix import RADIX, RadixNode, RadixOrder, RadixView
 
 POLICIES: dict[str, RadixOrder] = {
     "lru": "radix_lru",

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvspec.adapter import Op, Outcome, blocks_for
 from kvspec.adapters import _vllm_shims as shims
 from kvspec.adapters.vllm_inprocess import VllmProjection
-from kvspec.spec import Op, Outcome, blocks_for
 
 
 class VllmBlockPoolAdapter(VllmProjection):

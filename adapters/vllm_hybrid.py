@@ -37,7 +37,7 @@ invariants read ``held`` for the window only when a step released a block.
 What the adapter shows: the main observation holds every real block of every
 group (the null block is no object and no capacity), a request's object table
 its groups' tables concatenated without the null block; the ``HybridView``
-(spec.hybrid) holds the tables per group with the null placeholder as None,
+(spec.kv_groups) holds the tables per group with the null placeholder as None,
 the tokens computed, each group's cached blocks by token prefix, and the free
 queue. Block content is learnt, as vLLM caches it, from the request tables
 right after each allocation (a block can be cached and released out of the
@@ -51,11 +51,9 @@ from dataclasses import dataclass, replace
 from math import gcd, lcm
 from typing import Any
 
+from kvspec.adapter import HYBRID, AttentionKind, Capabilities, Config, HybridView, KvGroup, Op, Outcome
 from kvspec.adapters import _vllm_shims as shims
-from kvspec.adapters.base import Capabilities
 from kvspec.adapters.vllm_inprocess import VllmAdapter, declared_semantics
-from kvspec.spec import Config, Op, Outcome
-from kvspec.spec.hybrid import HYBRID, AttentionKind, HybridView, KvGroup
 
 
 @dataclass(frozen=True)

@@ -28,16 +28,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Any
 
+from kvspec.adapter import (
+    FREE_LIST,
+    OP_KINDS,
+    Capabilities,
+    Config,
+    Event,
+    EventKind,
+    FreeListView,
+    ObjectView,
+    Observation,
+    ObservationDelta,
+    Op,
+    Outcome,
+    RequestView,
+    Semantics,
+)
 from kvspec.adapters import _vllm_shims as shims
-from kvspec.adapters.base import Capabilities
-from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics
-from kvspec.spec.delta import ObservationDelta
-from kvspec.spec.free_list import FREE_LIST, FreeListView
-from kvspec.spec.ops import OP_KINDS
-
-EventKind = Literal["evict", "reclaim"]
 
 # vLLM's choices, written as spec parameters. Values the installed spec cannot
 # express yet make the adapter declare exact=False (safety checks only).

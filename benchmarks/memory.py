@@ -54,7 +54,9 @@ def measure_one(kind: str, n: int, traced: bool) -> dict[str, Any]:
     traced: the peak of tracemalloc; untraced: the seconds and the process's peak RSS.
     """
     from kvspec.adapters.reference_paged import ReferencePagedAdapter
-    from kvspec.spec import Config, LedgerModel, Op, Semantics, blocks_for
+    from kvspec.spec import Config, Op, Semantics
+    from kvspec.spec.ledger import LedgerModel
+    from kvspec.spec.ops import blocks_for
     from kvspec.stateful_tests import Harness
 
     prompt = _prompt(n)
@@ -80,7 +82,7 @@ def measure_one(kind: str, n: int, traced: bool) -> dict[str, Any]:
 
 
 def _child(kind: str, n: int) -> dict[str, Any]:
-    from kvspec.spec import blocks_for
+    from kvspec.spec.ops import blocks_for
 
     row: dict[str, Any] = {"what": kind, "tokens": n, "blocks": blocks_for(n, BLOCK_SIZE)}
     for mode in ("traced", "untraced"):

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kvspec import jsonio
-from kvspec.adapters import AdapterFactory, UnknownAdapter, load
+from kvspec.adapter import AdapterFactory
+from kvspec.adapters import UnknownAdapter, load
 from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.report import ExitCode
 from kvspec.spec import Config, Op

@@ -27,7 +27,7 @@ from seeded_bugs import by_name  # noqa: E402
 
 from kvspec.case import Case  # noqa: E402
 from kvspec.show import draw, replay, timelines  # noqa: E402
-from kvspec.show import trace as shown_trace  # noqa: E402
+from kvspec.show import trace_run as shown_trace  # noqa: E402
 from kvspec.stateful_tests import Options, check_adapter  # noqa: E402
 
 # One bug per class of what a timeline shows (docs/show.md, the closing note of issue 19).

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvspec.spec import Config, blocks_for
+from kvspec.spec import Config
+from kvspec.spec.ops import blocks_for
 
 #: Bytes per element of the dtypes a KV cache is stored in, by torch's attribute name.
 DTYPE_BYTES: dict[str, int] = {

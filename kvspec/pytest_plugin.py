@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from kvspec.adapters import AdapterFactory, AdapterLoadError, UnknownAdapter, load
+from kvspec.adapter import AdapterFactory
+from kvspec.adapters import AdapterLoadError, UnknownAdapter, load
 from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, server_missing
 from kvspec.report import Report
 from kvspec.stateful_tests import PROFILES, LiveTarget, Options, check_adapter

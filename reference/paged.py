@@ -5,7 +5,7 @@ hash, tokens). Unreferenced blocks wait in an LRU free queue; a cached one keeps
 its hash there and is evicted lazily, when it is popped for reuse. A new request
 reuses the longest chain of cached full blocks of its prompt.
 
-Which cached block is evicted is the eviction policy's choice (reference/policies.py):
+Which cached block is evicted is the eviction policy's choice (reference/eviction_policies.py):
 ``lru`` pops the free queue's head, as vLLM before 0.24 does; with ``uncached_first``
 (the default of every other policy, and vLLM from 0.24 on, which frees uncached blocks to
 the queue's head) the pool takes uncached free blocks first and then evicts the candidate
@@ -21,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from .policies import BlockStats, EvictionPolicy, LRUPolicy
+from .eviction_policies import BlockStats, EvictionPolicy, LRUPolicy
 
 
 class NoFreeBlocks(RuntimeError):

@@ -1,50 +1,32 @@
 """The executable spec of the KV-cache block lifecycle.
 
-It imports nothing of the rest of the kit: it is the model and knows no
-implementation.
+It imports nothing of the rest of the kit: it is the model and knows no implementation. This
+package names the spec's vocabulary (an op and its outcome, the pool, the declared semantics, what
+an implementation shows) and its registry of invariants; the ledgers (``kvspec.spec.ledger``), the
+invariants by kind (``kvspec.spec.invariants``), the eviction orders (``kvspec.spec.policies``), the
+stream ledger of a live server (``kvspec.spec.stream``) and the formal side (``kvspec.spec.formal``)
+are imported from their own modules. An adapter imports ``kvspec.adapter``.
 """
 
-from .block_key import BlockKey, Prefix, block_keys
-from .delta import LiveObservation, ObservationDelta
-from .invariants import INVARIANT_NAMES, INVARIANTS, Invariant, KeyMemory, Transition, check_transition
-from .ledger import BlockLedger, EntryLedger, LedgerModel, RecordLedger, Step, validate
+from .block_key import BlockKey
+from .delta import ObservationDelta
+from .invariants import INVARIANT_NAMES, INVARIANTS, Invariant
 from .observation import ObjectView, Observation, RequestView
-from .ops import Config, Event, Op, Outcome, Semantics, SpecError, blocks_for, size_of
-from .policies import BLOCK_ORDERS, BlockFeatures, OrderParams, order_key, retain_score, retention_score
+from .ops import Config, Event, Op, Outcome, Semantics, SpecError
 
 __all__ = [
-    "BLOCK_ORDERS",
     "INVARIANTS",
     "INVARIANT_NAMES",
-    "Config",
-    "BlockFeatures",
     "BlockKey",
-    "BlockLedger",
-    "EntryLedger",
+    "Config",
     "Event",
     "Invariant",
-    "KeyMemory",
-    "LedgerModel",
-    "LiveObservation",
     "ObjectView",
     "Observation",
     "ObservationDelta",
     "Op",
-    "OrderParams",
     "Outcome",
-    "Prefix",
-    "RecordLedger",
     "RequestView",
     "Semantics",
     "SpecError",
-    "Step",
-    "Transition",
-    "block_keys",
-    "blocks_for",
-    "check_transition",
-    "order_key",
-    "retain_score",
-    "retention_score",
-    "size_of",
-    "validate",
 ]

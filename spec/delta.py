@@ -3,7 +3,7 @@
 An adapter may report, beside or instead of its whole :class:`~.observation.Observation`, what a step
 changed (:class:`ObservationDelta`). The protocol's one invariant: **a step's delta applied to the
 observation before the step equals the observation after it** (``delta.apply(before) == after``).
-The checker keeps the full observation itself (:class:`LiveObservation`, updated in place), checks the
+The checker keeps the full observation itself (:class:`KeptObservation`, updated in place), checks the
 changed part every step and the whole state every K steps and at the end of a run, where it also compares
 what it kept against the adapter's own full observation: a delta that left out a change is caught there.
 """
@@ -142,7 +142,7 @@ class Change:
     keys: frozenset[Any]
 
 
-class LiveObservation:
+class KeptObservation:
     """The full observation of an adapter that reports deltas, kept up to date in place.
 
     Invariant: after :meth:`apply` of a step's delta, :meth:`now` equals ``delta.apply(previous now)``;

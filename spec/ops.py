@@ -10,7 +10,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from .radix import RadixOrder
+from .radix_view import RadixOrder
 
 Granularity = Literal["block", "record", "entry"]
 Layout = Literal["one_table", "per_group"]
@@ -108,7 +108,7 @@ class Semantics:
       At block granularity ``score``, ``shared_aware`` and ``family_protect``
       rank the cached blocks with ref_count 0 (spec.policies, docs/policies.md)
       and take uncached free blocks before evicting any. The ``radix_*`` orders
-      are a radix tree's (spec.radix): unlocked leaves by the order's rank key.
+      are a radix tree's (spec.radix_view): unlocked leaves by the order's rank key.
     hit_cap: a prefix hit leaves at least one prompt token to compute (vLLM).
     reset_requires_idle: reset_cache is refused while any object is referenced.
     duplicate_keys: a block that becomes full while its key is already cached by
@@ -132,9 +132,9 @@ class Semantics:
       predictions (free capacity, hits, admission, evicted object) must match.
     layout: ``one_table``: one full-attention KV cache group, and a request's object
       table is its table in token order. ``per_group``: several KV cache groups share
-      the pool (spec.hybrid); a request's object table lists the real blocks of every
+      the pool (spec.kv_groups); a request's object table lists the real blocks of every
       group's table, group by group, without the null placeholder, and the adapter
-      shows the groups it declares for the pool (spec.hybrid.KvGroup: attention kind,
+      shows the groups it declares for the pool (spec.kv_groups.KvGroup: attention kind,
       block size, window or chunk in tokens, release of out-of-window blocks) with the
       per-group tables in a HybridView, which the hybrid invariants judge.
     """
@@ -264,11 +264,14 @@ class Outcome:
         return cls("invalid", None, message)
 
 
+EventKind = Literal["evict", "reclaim"]
+
+
 @dataclass(frozen=True)
 class Event:
     """An object left the cache inside an operation: ``evict`` under pressure, ``reclaim`` on purpose."""
 
-    kind: Literal["evict", "reclaim"]
+    kind: EventKind
     oid: Hashable
     key: Hashable | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)

@@ -19,8 +19,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import Flaky
 
-from kvspec.adapters import AdapterFactory
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter, AdapterFactory
 from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report, Status, now, rows
@@ -28,9 +27,9 @@ from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT, PolicyQuality
 from kvspec.spec.ops import bad_input_kinds
 
+from .case_db import forget_case, kept_cases
 from .example_db import ExampleDbLocation, open_example_db
 from .harness import AdapterHung, Harness, Tally, Violation
-from .kept_cases import forget_case, kept_cases
 from .machine import build_machine
 from .rounds import derandomized_seed, run_in_rounds
 from .strategies import DEFAULT_RANGES, PoolRanges

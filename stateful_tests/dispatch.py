@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from kvspec.adapters import AdapterFactory
+from kvspec.adapter import AdapterFactory
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
 from kvspec.case import Case
 from kvspec.report import Report, Status, now

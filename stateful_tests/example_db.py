@@ -8,7 +8,7 @@
   prefixed ``hypothesis-example:<adapter>:``.
 
 Either way one database per adapter (the state machines of two adapters share a digest), and
-it holds Hypothesis's own examples and the kit's kept cases (stateful_tests/kept_cases.py).
+it holds Hypothesis's own examples and the kit's kept cases (stateful_tests/case_db.py).
 Any host is accepted: the kit never binds a server, and a database shared between machines
 is the point of Redis here. What goes to the server is counterexample bytes (Hypothesis's
 choice sequences and case JSON: ops and token ids), and nothing read back is ever unpickled

@@ -14,28 +14,15 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from kvspec.adapters.answers import malformed, malformed_delta
-from kvspec.adapters.answers import short as _short
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
+from kvspec.adapter.answers import malformed, malformed_delta
+from kvspec.adapter.answers import short as _short
 from kvspec.adapters.isolation import CallTimeout, ChildDied, IsolatedAdapter, RemoteError
 from kvspec.adapters.kept import Agreed
-from kvspec.spec import (
-    INVARIANT_NAMES,
-    Config,
-    KeyMemory,
-    LedgerModel,
-    LiveObservation,
-    Observation,
-    ObservationDelta,
-    Op,
-    Outcome,
-    SpecError,
-    Transition,
-    check_transition,
-    validate,
-)
-from kvspec.spec.delta import differences
-from kvspec.spec.invariants import ADAPTER_CONTRACT, check_state
+from kvspec.spec import INVARIANT_NAMES, Config, Observation, ObservationDelta, Op, Outcome, SpecError
+from kvspec.spec.delta import KeptObservation, differences
+from kvspec.spec.invariants import ADAPTER_CONTRACT, KeyMemory, Transition, check_state, check_transition
+from kvspec.spec.ledger import LedgerModel, validate
 
 START = "starting the example (reset, events, observe)"
 """What a violation names as its op when the adapter broke before the first op."""
@@ -138,9 +125,9 @@ class Harness:
         self.upcoming: Op | None = None  # the op ``then`` chose after the last step (step's ``then``)
         self.obs = self._start()
         # The whole state kept from the adapter's deltas; None: a full observation every step (today's path).
-        self.live: LiveObservation | None = None
+        self.live: KeptObservation | None = None
         if keeping:
-            self.live = LiveObservation(self.obs)
+            self.live = KeptObservation(self.obs)
             self.obs = self.live.now()
         self.since_full = 0  # delta steps since the whole state was last judged
 
@@ -269,7 +256,7 @@ class Harness:
             except Exception as exc:
                 self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
             if contract:  # judged on the adapter's observation, every invariant, as the full check of a step
-                self.live = LiveObservation(answer)
+                self.live = KeptObservation(answer)
             self.since_full = 0
             self.tally.full_checks += 1
         elif isinstance(answer, ObservationDelta) and self.live is not None:
@@ -308,7 +295,7 @@ class Harness:
                         f"after {op}: the state kept from the adapter's deltas differs from its observation: {p}"
                         for p in differences(kept, after)
                     ]
-                self.live = LiveObservation(after)
+                self.live = KeptObservation(after)
                 self.since_full = 0
                 self.tally.full_checks += 1
         outcome = raw
@@ -407,7 +394,7 @@ class Harness:
         failures = self._judged(results)
         if contract:
             failures[ADAPTER_CONTRACT] = contract
-            self.live = LiveObservation(full)
+            self.live = KeptObservation(full)
         else:  # equal in every field compared; the deltas may leave extra out: the observation's
             self.live.extra = full.extra
         self.obs = self.live.now()

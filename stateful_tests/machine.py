@@ -13,7 +13,7 @@ from typing import ClassVar, cast
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
 from kvspec.spec import Config, Observation, Op
 from kvspec.spec.ops import OpKind, bad_input_kinds
 

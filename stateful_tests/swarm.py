@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from kvspec.adapters import AdapterFactory
-from kvspec.adapters.base import Adapter, Capabilities
+from kvspec.adapter import Adapter, AdapterFactory, Capabilities
 from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
 from kvspec.report import now
@@ -38,6 +37,7 @@ from kvspec.spec import Config, Observation, Op
 from kvspec.spec.invariants import PolicyQuality
 from kvspec.spec.ops import OpKind, bad_input_kinds
 
+from .case_db import keep_case
 from .conformance import (
     Profile,
     Result,
@@ -51,7 +51,6 @@ from .conformance import (
 )
 from .example_db import ExampleDbError, ExampleDbLocation, open_example_db
 from .harness import AdapterHung, Harness, Tally, Violation
-from .kept_cases import keep_case
 from .machine import bad_op, max_prompt_tokens, ready_contracts, unknown_request
 from .strategies import COLD_BASE
 

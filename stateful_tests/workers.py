@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
-from kvspec.adapters import AdapterFactory
+from kvspec.adapter import AdapterFactory
 from kvspec.adapters.isolation import IsolatedAdapter, track, untrack
 from kvspec.report import Report
 from kvspec.report_merge import merge_reports, report_from_json

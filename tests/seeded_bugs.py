@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.adapters.reference_paged import (
     ReferenceFamilyProtectAdapter,
@@ -26,10 +26,10 @@ from kvspec.adapters.reference_paged import (
     policy_for,
 )
 from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
+from kvspec.reference.eviction_policies import BlockStats, FamilyProtectPolicy, SharedAwarePolicy
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
 from kvspec.reference.paged import Block, NoFreeBlocks, PagedPrefixCache
 from kvspec.reference.paged_newest import NewestOwnsIndex
-from kvspec.reference.policies import BlockStats, FamilyProtectPolicy, SharedAwarePolicy
 from kvspec.reference.scheduler import Entry, QueueItem, SchedulerSim
 from kvspec.spec import Op, Outcome
 

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import z3
 
-from kvspec.spec.symbolic import RELEASE, Encoding, NewestEncoding, SymOp, SymState, Term
+from kvspec.spec.formal.symbolic import RELEASE, Encoding, NewestEncoding, SymOp, SymState, Term
 
 
 class BuggyEncoding(Encoding):

@@ -8,21 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.adapters.base import Capabilities
+from kvspec.adapter import Capabilities, append_atomically, derived_events, import_without_init
 from kvspec.adapters.reference_paged import ReferenceNewestAdapter, ReferencePagedAdapter
-from kvspec.adapters.toolkit import append_atomically, derived_events, import_without_init
-from kvspec.spec import (
-    Config,
-    KeyMemory,
-    LedgerModel,
-    ObjectView,
-    Observation,
-    Op,
-    Outcome,
-    Semantics,
-    Transition,
-    check_transition,
-)
+from kvspec.spec import Config, ObjectView, Observation, Op, Outcome, Semantics
+from kvspec.spec.invariants import KeyMemory, Transition, check_transition
+from kvspec.spec.ledger import LedgerModel
 from kvspec.stateful_tests import PROFILES, replay_ops, run_check
 from kvspec.stateful_tests.bad_inputs import bad_input_cases
 

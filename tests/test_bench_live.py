@@ -25,9 +25,9 @@ import pytest
 
 from kvspec.adapters.vllm_live.client import RequestResult, stream_completion
 from kvspec.bench.live.benchmark import LiveOptions, configuration, run_benchmark
+from kvspec.bench.live.driver import COUNTERS, ServerDidNotStart, run_ab, run_order
 from kvspec.bench.live.load import LoadResult, run_load
 from kvspec.bench.live.render import plot
-from kvspec.bench.live.run import COUNTERS, ServerDidNotStart, run_ab, run_order
 from kvspec.bench.live.schema import schema_problems
 from kvspec.bench.live.stats import percentile, ratios, summarise_arm, summarise_run
 from kvspec.bench.live.workload import ARMS, WorkloadShape, make_prompts

@@ -20,11 +20,11 @@ from symbolic_bugs import VARIANTS, BuggyEncoding, EvictReferenced, FloorRoundin
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli.formal import register
-from kvspec.spec import LedgerModel
-from kvspec.spec.bmc import bmc, inductive_lemmas, prove
-from kvspec.spec.goals import GOALS, reach
-from kvspec.spec.parametric import check_refinement, prove_every_n
-from kvspec.spec.symbolic import SEMANTICS, Bounds, Encoding, SymTransition
+from kvspec.spec.formal.bmc import bmc, inductive_lemmas, prove
+from kvspec.spec.formal.goals import GOALS, reach
+from kvspec.spec.formal.parametric import check_refinement, prove_every_n
+from kvspec.spec.formal.symbolic import SEMANTICS, Bounds, Encoding, SymTransition
+from kvspec.spec.ledger import LedgerModel
 from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
 from kvspec.stateful_tests.bounded import DEFAULT_BOUNDS, DEFAULT_DEPTH, coverage_cases, generate, load
 

@@ -23,15 +23,15 @@ from seeded_bugs import PAGED_BUGS
 from symbolic_bugs import VARIANTS, BuggyEncoding, SilentDoubleRelease
 
 from kvspec.case import Case
-from kvspec.spec.bmc import Path as Unrolled
-from kvspec.spec.explore import ExploreResult, canonical, explore, spec_model
+from kvspec.spec.formal.bmc import Path as Unrolled
+from kvspec.spec.formal.explore import ExploreResult, canonical, explore, spec_model
+from kvspec.spec.formal.pdr import check_inductive, prove_pdr
+from kvspec.spec.formal.symbolic import SEMANTICS, Bounds, Encoding
+from kvspec.spec.formal.symbolic_invariants import SAFETY
 from kvspec.spec.ledger import BlockLedger, Step
 from kvspec.spec.ops import Op, Outcome
-from kvspec.spec.pdr import check_inductive, prove_pdr
-from kvspec.spec.symbolic import SEMANTICS, Bounds, Encoding
-from kvspec.spec.symbolic_invariants import SAFETY
 from kvspec.stateful_tests import replay_ops
-from kvspec.stateful_tests.explore import drive
+from kvspec.stateful_tests.reachable import drive
 
 TINY = Bounds(blocks=2, requests=1)
 PAIR = Bounds(blocks=2, requests=2)

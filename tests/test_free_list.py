@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from kvspec.spec import Config, KeyMemory, ObjectView, Observation, Op, Outcome, RequestView, Semantics, Transition
-from kvspec.spec.free_list import FREE_LIST, FreeListView
-from kvspec.spec.invariants import check_transition
+from kvspec.spec import Config, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+from kvspec.spec.free_list_view import FREE_LIST, FreeListView
+from kvspec.spec.invariants import KeyMemory, Transition, check_transition
 
 # Blocks 1..5 of a pool of 5 (block 0 is the null placeholder): request a holds 1 and 2, the rest are free.
 GOOD = FreeListView(

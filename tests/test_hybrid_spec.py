@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 
-from kvspec.spec import Config, KeyMemory, ObjectView, Observation, Op, Outcome, RequestView, Semantics, Transition
-from kvspec.spec.hybrid import HYBRID, HybridView, KvGroup, Table, hit_granularity, longest_common_hit
-from kvspec.spec.invariants import INVARIANTS, check_transition
+from kvspec.spec import Config, ObjectView, Observation, Op, Outcome, RequestView, Semantics
+from kvspec.spec.invariants import INVARIANTS, KeyMemory, Transition, check_transition
+from kvspec.spec.kv_groups import HYBRID, HybridView, KvGroup, Table, hit_granularity, longest_common_hit
 
 FULL, WINDOW, CHUNK = KvGroup("full", 4), KvGroup("sliding_window", 4, window=8), KvGroup("chunked_local", 4, chunk=8)
 HYBRID_SEMANTICS = Semantics(layout="per_group", exact=False)

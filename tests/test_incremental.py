@@ -18,7 +18,7 @@ import pytest
 from random_ops import random_op
 from seeded_bugs import by_name
 
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
 from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.adapters.reference_paged import (
     ReferenceFamilyProtectAdapter,
@@ -28,22 +28,11 @@ from kvspec.adapters.reference_paged import (
     ReferenceSharedAwareAdapter,
 )
 from kvspec.cli import main
-from kvspec.spec import (
-    BlockKey,
-    BlockLedger,
-    Config,
-    LiveObservation,
-    ObjectView,
-    Observation,
-    ObservationDelta,
-    Op,
-    Outcome,
-    RequestView,
-    Semantics,
-)
-from kvspec.spec.delta import differences
+from kvspec.spec import BlockKey, Config, ObjectView, Observation, ObservationDelta, Op, Outcome, RequestView, Semantics
+from kvspec.spec.delta import KeptObservation, differences
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 from kvspec.spec.invariants.ranking import CandidateRanking
+from kvspec.spec.ledger import BlockLedger
 from kvspec.stateful_tests import PROFILES, Harness, Tally, Violation, replay_ops, run_check
 from kvspec.stateful_tests.swarm import run_swarm
 
@@ -84,12 +73,12 @@ def test_reference_deltas_applied_give_the_observation(make: type[ReferencePaged
 
 
 def test_kept_state_answers_as_the_whole_state_before_and_after() -> None:
-    """LiveObservation.apply: ``before`` answers with the old values (a dropped object found, an added one
+    """KeptObservation.apply: ``before`` answers with the old values (a dropped object found, an added one
     not), ``after`` with the new; the local views iterate only what the step touched and the readers of the
     touched objects, while every lookup answers from the whole state."""
     obj = {i: ObjectView(i, 1, 2, 1, None) for i in range(4)}
     reqs = {"a": RequestView("a", (1, 2, 3, 4), 4, (0, 1)), "b": RequestView("b", (5, 6, 7, 8), 4, (2, 3))}
-    kept = LiveObservation(Observation(8, 4, obj, reqs, {}))
+    kept = KeptObservation(Observation(8, 4, obj, reqs, {}))
     grown = RequestView("a", (1, 2, 3, 4, 9), 4, (0, 1, 4))
     delta = ObservationDelta(3, {4: ObjectView(4, 1, 1, 1, None)}, frozenset(), {"a": grown})
     change = kept.apply(delta)

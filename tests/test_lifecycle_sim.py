@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter, prefix_of
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
 from kvspec.spec import INVARIANTS, Config, Op

@@ -22,8 +22,8 @@ import z3
 from clirun import kvspec
 
 from kvspec.report import ExitCode
-from kvspec.spec.pdr import prove_pdr
-from kvspec.spec.symbolic import Bounds
+from kvspec.spec.formal.pdr import prove_pdr
+from kvspec.spec.formal.symbolic import Bounds
 
 HARD = Bounds(blocks=3, requests=1, block_size=1)
 SLACK_S = 10.0

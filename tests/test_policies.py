@@ -1,6 +1,6 @@
 """Eviction policies: the spec's orders, the reference's policy objects, and the checks that hold them together.
 
-The spec (spec/policies.py) and the reference (reference/policies.py) state each
+The spec (spec/policies.py) and the reference (reference/eviction_policies.py) state each
 order independently; these tests show they agree on every candidate set, that the
 model and the pool evict the same blocks, and that each policy check bites.
 """
@@ -23,27 +23,21 @@ from kvspec.adapters.reference_paged import (
     ReferenceScoreAdapter,
     ReferenceSharedAwareAdapter,
 )
+from kvspec.reference.eviction_policies import POLICIES, BlockStats, FamilyProtectPolicy, ScorePolicy, SharedAwarePolicy
 from kvspec.reference.paged import PagedPrefixCache
-from kvspec.reference.policies import POLICIES, BlockStats, FamilyProtectPolicy, ScorePolicy, SharedAwarePolicy
 from kvspec.reference.scheduler import SchedulerSim
-from kvspec.spec import (
-    Config,
-    Event,
-    KeyMemory,
-    LedgerModel,
-    ObjectView,
-    Observation,
-    Op,
-    Outcome,
-    RequestView,
-    Semantics,
-    SpecError,
-    Transition,
-    check_transition,
+from kvspec.spec import Config, Event, ObjectView, Observation, Op, Outcome, RequestView, Semantics, SpecError
+from kvspec.spec.invariants import KeyMemory, Transition, check_transition, orphaned_blocks
+from kvspec.spec.ledger import LedgerModel
+from kvspec.spec.policies import (
+    BLOCK_ORDERS,
+    BlockFeatures,
+    BlockOrder,
+    OrderParams,
+    order_key,
+    retain_score,
     retention_score,
 )
-from kvspec.spec.invariants import orphaned_blocks
-from kvspec.spec.policies import BLOCK_ORDERS, BlockFeatures, BlockOrder, OrderParams, order_key, retain_score
 from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
 
 POLICY_ADAPTERS = {

@@ -22,8 +22,8 @@ from clirun import kvspec
 
 from kvspec.cli import main
 from kvspec.gate.config import load as load_gate
+from kvspec.stateful_tests.case_db import kept_cases
 from kvspec.stateful_tests.example_db import ExampleDbError, open_example_db, parse_example_db
-from kvspec.stateful_tests.kept_cases import kept_cases
 
 BUG = "eager-reclaim"  # a refinement bug Hypothesis shrinks in a few seconds (docs/benchmarks/workers.md)
 INVARIANT = "predicted_free_capacity"

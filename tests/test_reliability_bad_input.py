@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvspec.adapters import load
-from kvspec.spec import LedgerModel, Op, Semantics, SpecError, validate
+from kvspec.spec import Op, Semantics, SpecError
+from kvspec.spec.ledger import LedgerModel, validate
 from kvspec.spec.ops import BAD_INPUT, OP_KINDS, bad_input_kinds
 from kvspec.stateful_tests import PROFILES, run_check
 from kvspec.stateful_tests.bad_inputs import TOUR_CONFIG, tour_ops

@@ -23,7 +23,9 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from kvspec.adapters import load
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
-from kvspec.spec import Config, LedgerModel, Op, Semantics, blocks_for
+from kvspec.spec import Config, Op, Semantics
+from kvspec.spec.ledger import LedgerModel
+from kvspec.spec.ops import blocks_for
 from kvspec.stateful_tests import PROFILES, Harness, Result, rounds, run_check
 
 MB = 1 << 20
@@ -90,7 +92,8 @@ def test_keys_of_equal_prefixes_are_one_object() -> None:
 
 
 def test_a_chained_key_knows_its_parent_and_depth() -> None:
-    from kvspec.spec import BlockKey, block_keys
+    from kvspec.spec import BlockKey
+    from kvspec.spec.block_key import block_keys
 
     keys = list(block_keys((5, 6, 7, 8, 9), 2))
     assert [tuple(k) for k in keys] == [(5, 6), (5, 6, 7, 8)]
@@ -106,7 +109,8 @@ def test_a_chained_key_knows_its_parent_and_depth() -> None:
 
 def test_a_deep_chain_hashes_compares_prints_and_pickles_without_recursion() -> None:
     """10,000 blocks deep, under a recursion limit far below that: nothing walks the chain recursively."""
-    from kvspec.spec import BlockKey, block_keys
+    from kvspec.spec import BlockKey
+    from kvspec.spec.block_key import block_keys
     from kvspec.spec.policies import prefix_depth
 
     depth = 10_000

@@ -9,20 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
 from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
 from kvspec.reference.scheduler import SchedulerSim
-from kvspec.spec import (
-    INVARIANTS,
-    Config,
-    Event,
-    KeyMemory,
-    LedgerModel,
-    Op,
-    Transition,
-    check_transition,
-    retention_score,
-)
+from kvspec.spec import INVARIANTS, Config, Event, Op
+from kvspec.spec.invariants import KeyMemory, Transition, check_transition
+from kvspec.spec.ledger import LedgerModel
+from kvspec.spec.policies import retention_score
 from kvspec.stateful_tests import PROFILES, run_check
 
 # -- the simulator ------------------------------------------------------------------

@@ -9,8 +9,15 @@ import pytest
 import z3
 
 from kvspec.reference.scheduler import SchedulerSim
-from kvspec.spec import retention_score
-from kvspec.spec.score_proofs import BROKEN_SCORES, PROPERTIES, ScoreFormula, check_property, check_score, spec_score
+from kvspec.spec.formal.score_proofs import (
+    BROKEN_SCORES,
+    PROPERTIES,
+    ScoreFormula,
+    check_property,
+    check_score,
+    spec_score,
+)
+from kvspec.spec.policies import retention_score
 
 Number = int | float | Fraction
 

@@ -19,7 +19,7 @@ from sglang_bugs import SGLANG_BUGS, SglangBug
 from kvspec.adapters.sglang_inprocess import SglangAdapter
 from kvspec.spec import Config, Op
 from kvspec.spec.invariants import RADIX_INVARIANTS
-from kvspec.spec.radix import radix_view
+from kvspec.spec.radix_view import radix_view
 from kvspec.stateful_tests import PROFILES, run_check
 
 STARTUP = 300.0

@@ -24,7 +24,7 @@ from kvspec import jsonio
 from kvspec.cli import main
 from kvspec.cli.check import write_html
 from kvspec.report import ExitCode, report_problems
-from kvspec.show import trace
+from kvspec.show import trace_run as trace
 from kvspec.show.timeline import timelines
 from kvspec.stateful_tests.live import LiveResult
 from kvspec.traces import check_trace

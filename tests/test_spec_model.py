@@ -6,23 +6,11 @@ import random
 
 import pytest
 
-from kvspec.adapters.base import Capabilities
-from kvspec.spec import (
-    INVARIANTS,
-    Config,
-    Event,
-    KeyMemory,
-    LedgerModel,
-    Observation,
-    Op,
-    Outcome,
-    Semantics,
-    SpecError,
-    Transition,
-    check_transition,
-    retention_score,
-    validate,
-)
+from kvspec.adapter import Capabilities
+from kvspec.spec import INVARIANTS, Config, Event, Observation, Op, Outcome, Semantics, SpecError
+from kvspec.spec.invariants import KeyMemory, Transition, check_transition
+from kvspec.spec.ledger import LedgerModel, validate
+from kvspec.spec.policies import retention_score
 from kvspec.stateful_tests import PROFILES, run_check
 
 BLOCK = Semantics()

@@ -18,14 +18,14 @@ from seeded_bugs import SEEDED_BUGS, SeededBug
 from test_seeded_bugs import SEEDED_PROFILE, refines, replay
 
 from kvspec import schemas
+from kvspec.adapter import Capabilities
 from kvspec.adapters import load
-from kvspec.adapters.base import Capabilities
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli import main
 from kvspec.spec import Op, Outcome, Semantics
 from kvspec.stateful_tests import Case, replay_ops, run_check
+from kvspec.stateful_tests.case_db import kept_cases
 from kvspec.stateful_tests.example_db import open_example_db
-from kvspec.stateful_tests.kept_cases import kept_cases
 from kvspec.stateful_tests.swarm import MOVES, SHAPES, draw_swarm, run_swarm
 
 # Bugs of an eviction order whose first failing walk breaks policy_conformance with the spec's prediction still

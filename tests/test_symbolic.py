@@ -17,9 +17,8 @@ import pytest
 import z3
 from symbolic_bugs import VARIANTS, BuggyEncoding
 
-from kvspec.spec import INVARIANTS, KeyMemory, LedgerModel, Op, Transition, check_transition
-from kvspec.spec.invariants import VIEW_INVARIANTS
-from kvspec.spec.symbolic import (
+from kvspec.spec import INVARIANTS, Op
+from kvspec.spec.formal.symbolic import (
     SEMANTICS,
     STATUSES,
     Bounds,
@@ -29,7 +28,9 @@ from kvspec.spec.symbolic import (
     SymState,
     SymTransition,
 )
-from kvspec.spec.symbolic_invariants import AUXILIARY, SAFETY
+from kvspec.spec.formal.symbolic_invariants import AUXILIARY, SAFETY
+from kvspec.spec.invariants import VIEW_INVARIANTS, KeyMemory, Transition, check_transition
+from kvspec.spec.ledger import LedgerModel
 
 
 def random_op(rng: random.Random, b: Bounds, live: list[str]) -> Op:

@@ -18,7 +18,7 @@ import pytest
 from kvspec.cli import main
 from kvspec.traces import check_trace, kvspec_format
 from kvspec.traces import lines as lines_module
-from kvspec.traces.delta import Base, diff
+from kvspec.traces.trace_delta import Base, diff
 
 
 def record(tmp_path: Path, name: str, steps: int, every: int, capacity: int = 16) -> Path:

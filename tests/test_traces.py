@@ -261,7 +261,8 @@ def test_record_from_a_case_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_codec_round_trips_oids_keys_and_observations() -> None:
-    from kvspec.spec import Config, LedgerModel, Op, Semantics
+    from kvspec.spec import Config, Op, Semantics
+    from kvspec.spec.ledger import LedgerModel
 
     for value in (None, 3, "x", b"\x00\xff", (1, (2, 3)), 1.5, True):
         assert decode(json.loads(json.dumps(encode(value)))) == value

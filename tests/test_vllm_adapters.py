@@ -14,8 +14,8 @@ pytest.importorskip("vllm", reason="vLLM extra not installed: pip install kvspec
 
 from vllm_bugs import KNOWN_BUGS, SEEDED_AS, VLLM_BUGS, VllmBug
 
+from kvspec.adapter import Adapter
 from kvspec.adapters import _vllm_shims as shims
-from kvspec.adapters.base import Adapter
 from kvspec.adapters.vllm_blockpool import VllmBlockPoolAdapter
 from kvspec.adapters.vllm_inprocess import VllmAdapter, VllmProjection
 from kvspec.spec import Config, Op
@@ -63,7 +63,7 @@ def test_conformance_passes(factory: Any, tmp_path: Path) -> None:
     assert report.adapter_version.startswith("vllm ")
     verdicts = {r["name"]: r["verdict"] for r in report.verdicts()}
     radix = {inv.name for inv in (*RADIX_INVARIANTS, *HYBRID_INVARIANTS)}  # one group: no radix tree, no per-group view
-    assert verdicts["free_list_exact"] == "held"  # the free queue is shown (spec.free_list)
+    assert verdicts["free_list_exact"] == "held"  # the free queue is shown (spec.free_list_view)
     not_held = {n: v for n, v in verdicts.items() if v != "held" and n != "adapter_contract" and n not in radix}
     assert not {n for n in not_held if not n.startswith("predicted_")}, not_held
     refinement = {v for n, v in verdicts.items() if n.startswith("predicted_")}

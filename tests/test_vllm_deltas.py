@@ -26,7 +26,7 @@ from kvspec.adapters import load
 from kvspec.adapters.vllm_blockpool import VllmBlockPoolAdapter, single_frees
 from kvspec.adapters.vllm_inprocess import VllmAdapter
 from kvspec.spec import Config, Observation, Op
-from kvspec.spec.hybrid import hybrid_view
+from kvspec.spec.kv_groups import hybrid_view
 from kvspec.stateful_tests import PROFILES, Options, check_adapter, run_check
 
 WALKS = {

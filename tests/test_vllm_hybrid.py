@@ -18,8 +18,8 @@ from vllm_hybrid_bugs import HYBRID_BUGS, HYBRID_KNOWN_BUGS, HYBRID_SEEDED_AS
 from kvspec.adapters import load
 from kvspec.adapters.vllm_hybrid import VllmHybridAdapter
 from kvspec.spec import INVARIANTS, Config, Op
-from kvspec.spec.hybrid import hybrid_view
 from kvspec.spec.invariants import HYBRID_INVARIANTS
+from kvspec.spec.kv_groups import hybrid_view
 from kvspec.stateful_tests import PROFILES, replay_ops, run_check
 
 HYBRID_NAMES = {inv.name for inv in HYBRID_INVARIANTS}

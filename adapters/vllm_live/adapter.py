@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.error import HTTPError
 
-from kvspec.adapters.base import Capabilities
-from kvspec.spec import Semantics
-from kvspec.spec.stream import StreamResult
+from kvspec.adapter import Capabilities, Semantics, StreamResult
 
 from .client import get_json, post_json
 from .events import EventSubscriber

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvspec.spec.stream import MetricSnapshot, RequestRecord, StreamCheck, StreamResult
+from kvspec.adapter import StreamResult
+from kvspec.spec.stream import MetricSnapshot, RequestRecord, StreamCheck
 
 from .hashing import SUPPORTED_ALGOS, BlockHasher
 

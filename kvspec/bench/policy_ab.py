@@ -32,10 +32,11 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvspec.adapters import Adapter, AdapterLoadError, Capabilities, available, load
+from kvspec.adapter import Adapter, Capabilities
+from kvspec.adapters import AdapterLoadError, available, load
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
+from kvspec.reference.eviction_policies import EvictionPolicy, FamilyProtectPolicy, LRUPolicy
 from kvspec.reference.paged import PagedPrefixCache
-from kvspec.reference.policies import EvictionPolicy, FamilyProtectPolicy, LRUPolicy
 from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
 
 from .workloads import Workload

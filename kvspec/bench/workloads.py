@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.spec import Op, SpecError, blocks_for
+from kvspec.spec import Op, SpecError
+from kvspec.spec.ops import blocks_for
 
 SCHEMA = 1
 VOCAB = 32_000

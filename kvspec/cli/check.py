@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kvspec.adapters import AdapterFactory, AdapterLoadError, available, load
+from kvspec.adapter import AdapterFactory
+from kvspec.adapters import AdapterLoadError, available, load
 from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report

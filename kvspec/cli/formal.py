@@ -17,7 +17,7 @@ from kvspec.report import ExitCode, now
 from .common import fail, unwritable
 
 if TYPE_CHECKING:
-    from kvspec.spec.symbolic import Encoding
+    from kvspec.spec.formal.symbolic import Encoding
 
 
 def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:
@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
         "--variant",
         default=None,
         metavar="MODULE:CLASS",
-        help="check a variant of the spec's encoding: a subclass of kvspec.spec.symbolic.Encoding, "
+        help="check a variant of the spec's encoding: a subclass of kvspec.spec.formal.symbolic.Encoding, "
         "e.g. a model of your allocator's change",
     )
     bmc.add_argument("--lemmas", action="store_true", help="assume the auxiliary invariants proved inductive")
@@ -122,7 +122,7 @@ def register(subparsers: Any) -> None:
 
 
 def _bounds(args: argparse.Namespace) -> Any:
-    from kvspec.spec.symbolic import Bounds
+    from kvspec.spec.formal.symbolic import Bounds
 
     return Bounds(args.blocks, args.requests, args.block_size, args.alphabet, args.max_append)
 
@@ -130,22 +130,22 @@ def _bounds(args: argparse.Namespace) -> Any:
 def _variant(path: str) -> type[Encoding]:
     """The subclass of the spec's Encoding that ``path`` ('module:Class') names; ValueError, in one line, if none."""
     from kvspec.dotted import DottedPathError, import_object
-    from kvspec.spec.symbolic import Encoding
+    from kvspec.spec.formal.symbolic import Encoding
 
     try:
         variant = import_object(path, "module:Class")
     except DottedPathError as exc:
         raise ValueError(str(exc)) from exc
     if not (isinstance(variant, type) and issubclass(variant, Encoding)):
-        raise ValueError(f"{path!r} is not a subclass of kvspec.spec.symbolic.Encoding")
+        raise ValueError(f"{path!r} is not a subclass of kvspec.spec.formal.symbolic.Encoding")
     return variant
 
 
 def cmd_bmc(args: argparse.Namespace) -> int:
     from kvspec.case import Case
-    from kvspec.spec.bmc import bmc
-    from kvspec.spec.symbolic_invariants import SAFETY
-    from kvspec.stateful_tests.formal import bmc_report
+    from kvspec.spec.formal.bmc import bmc
+    from kvspec.spec.formal.symbolic_invariants import SAFETY
+    from kvspec.stateful_tests.formal_reports import bmc_report
 
     problem = unwritable(args.report, args.junit)
     if problem is not None:
@@ -203,11 +203,11 @@ def cmd_bmc(args: argparse.Namespace) -> int:
 
 
 def cmd_prove(args: argparse.Namespace) -> int:
-    from kvspec.spec.bmc import Proof, prove
-    from kvspec.spec.parametric import check_refinement, prove_every_n
-    from kvspec.spec.score_proofs import check_score, spec_score
-    from kvspec.spec.symbolic_invariants import AUXILIARY
-    from kvspec.stateful_tests.formal import prove_report
+    from kvspec.spec.formal.bmc import Proof, prove
+    from kvspec.spec.formal.parametric import check_refinement, prove_every_n
+    from kvspec.spec.formal.score_proofs import check_score, spec_score
+    from kvspec.spec.formal.symbolic_invariants import AUXILIARY
+    from kvspec.stateful_tests.formal_reports import prove_report
 
     problem = unwritable(args.report, args.junit)
     if problem is not None:
@@ -258,8 +258,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 def _prove_pdr(args: argparse.Namespace) -> int:
     from kvspec.case import Case
-    from kvspec.spec.pdr import PdrProof, prove_pdr
-    from kvspec.stateful_tests.formal import pdr_report
+    from kvspec.spec.formal.pdr import PdrProof, prove_pdr
+    from kvspec.stateful_tests.formal_reports import pdr_report
 
     started = now()
     limit = 60.0 if args.time_limit is None else args.time_limit
@@ -320,9 +320,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
     from kvspec.adapters.isolation import IsolatedAdapter
     from kvspec.case import Case
-    from kvspec.spec.explore import explore
-    from kvspec.spec.symbolic import SEMANTICS
-    from kvspec.stateful_tests.explore import Drive, drive, explore_report
+    from kvspec.spec.formal.explore import explore
+    from kvspec.spec.formal.symbolic import SEMANTICS
+    from kvspec.stateful_tests.reachable import Drive, drive, explore_report
 
     problem = unwritable(args.report, args.junit)
     if problem is not None:

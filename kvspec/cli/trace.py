@@ -118,7 +118,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     options = TraceOptions(capacity=args.capacity, policy=args.policy)
     traced = None
     if args.html is not None:  # the same check, keeping what each line leaves for the picture
-        from kvspec.show import trace as shown_trace
+        from kvspec.show import trace_run as shown_trace
 
         traced = shown_trace.check(args.file, args.format, context=max(args.context, 0), options=options)
         result = traced.result

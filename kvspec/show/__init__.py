@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvspec import jsonio
-from kvspec.adapters import AdapterFactory
+from kvspec.adapter import AdapterFactory
 from kvspec.case import Case
 from kvspec.report import Report
 from kvspec.spec import Semantics
@@ -21,7 +21,7 @@ from .draw import FORMATS, Picture, draw, matplotlib_missing
 from .page import GatePart, Shown, case_page, gate_page, report_page, versions
 from .replay import Broken, Run, replay, semantics_of
 from .timeline import Timeline, timelines
-from .trace import TraceCheck
+from .trace_run import TraceCheck
 
 
 def picture(
@@ -106,7 +106,7 @@ def load_shown(
 
 def recorded_log(index: int, path: Path, *, name: str = "") -> Shown:
     """A live run's recorded log (vLLM's KV events, requests and gauges) checked and drawn as a trace."""
-    from . import trace
+    from . import trace_run as trace
 
     return trace.shown(trace.check(path, "vllm-events"), prefix=f"c{index}", name=name or str(path))
 
@@ -130,7 +130,7 @@ def write_report_html(
 def write_trace_html(path: Path, traced: TraceCheck) -> None:
     """A checked trace as one page: its verdicts, coverage and findings, and its timeline (the failing window, or
     the whole trace when it holds; a long one also as an overview of every line)."""
-    from . import trace
+    from . import trace_run as trace
 
     jsonio.write_text(path, report_html(traced.result.report(), [trace.shown(traced, prefix="c0")]))
 

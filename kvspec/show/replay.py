@@ -13,10 +13,11 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.adapters import AdapterFactory
+from kvspec.adapter import AdapterFactory
 from kvspec.adapters.isolation import IsolatedAdapter
 from kvspec.case import Case
-from kvspec.spec import Config, Event, LedgerModel, Observation, Op, Outcome, Semantics
+from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
+from kvspec.spec.ledger import LedgerModel
 from kvspec.stateful_tests import AdapterHung, Harness, Violation
 
 

@@ -17,31 +17,22 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from kvspec.spec import INVARIANTS as SPEC_INVARIANTS
-from kvspec.spec import (
-    Config,
-    Event,
-    KeyMemory,
-    LedgerModel,
-    Observation,
-    Op,
-    Outcome,
-    Semantics,
-    Transition,
-    check_transition,
-)
+from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
 from kvspec.spec.block_key import parent_prefix
+from kvspec.spec.invariants import KeyMemory, Transition, check_transition
+from kvspec.spec.ledger import LedgerModel
 
 from . import values
 from .codec import event_from_json, event_to_json, observation_from_json, observation_to_json
-from .delta import Base
 from .lines import Line, TraceFormatError, iter_lines, read_lines
 from .quality import OrphanCounter, TraceQuality
 from .result import Judge, TraceInvariant
 from .seen import Pool, Seen
+from .trace_delta import Base
 
 TRACE_SCHEMA = 1
 DELTA_SCHEMA = 2
-"""Version 2: a step may record ``delta`` (the change from the observation before, kvspec/traces/delta.py)
+"""Version 2: a step may record ``delta`` (the change from the observation before, kvspec/traces/trace_delta.py)
 instead of ``observation``; the header says ``snapshot_every`` (K: steps 0, K, 2K, ... are full)."""
 DESCRIPTION = "kvspec's own trace"
 TRACE_ORDER = "trace_order"

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from kvspec import jsonio
-from kvspec.adapters.base import Adapter
-from kvspec.spec import BlockLedger, Config, Event, Observation, Op, Outcome, Prefix, block_keys, size_of
-from kvspec.spec.ops import OpKind
+from kvspec.adapter import Adapter
+from kvspec.spec import Config, Event, Observation, Op, Outcome
+from kvspec.spec.block_key import Prefix, block_keys
+from kvspec.spec.ledger import BlockLedger
+from kvspec.spec.ops import OpKind, size_of
 
 from . import values
-from .delta import diff
 from .kvspec_format import DELTA_SCHEMA, header_json, step_json
+from .trace_delta import diff
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def write_kvspec_trace(
     """Write ``recorded`` as a kvspec trace; without ``observations`` only ops, outcomes and events.
 
     ``snapshot_every=K``: version 2, each step's observation as a delta from the one before
-    (kvspec/traces/delta.py), a full one on every K-th step (steps 0, K, 2K, ...); None: version 1,
+    (kvspec/traces/trace_delta.py), a full one on every K-th step (steps 0, K, 2K, ...); None: version 1,
     a full observation on every step.
     """
     caps = adapter.capabilities

@@ -18,7 +18,7 @@ from .free_list import FREE_LIST_SAFETY
 from .hybrid import HYBRID_SAFETY
 from .key_memory import KeyMemory
 from .policy import POLICY
-from .quality import PolicyQuality, eviction_choices, orphaned_blocks
+from .policy_quality import PolicyQuality, eviction_choices, orphaned_blocks
 from .radix import RADIX_POLICY, RADIX_SAFETY
 from .refinement import REFINEMENT
 from .safety import SAFETY, STATE, WHOLE_TOO
@@ -44,15 +44,15 @@ free-list one (spec.invariants.free_list) applies only to an adapter that shows 
 it comes after the ledger's safety checks, whose names it leaves first where both fire."""
 
 RADIX_INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *RADIX_POLICY)
-"""The invariants over a radix tree's RadixView (spec.radix): they apply only to adapters that show one, and
+"""The invariants over a radix tree's RadixView (spec.radix_view): they apply only to adapters that show one, and
 the block ledger's Z3 encoding, which has no tree, has no twin of them."""
 
 HYBRID_INVARIANTS: tuple[Invariant, ...] = HYBRID_SAFETY
-"""The invariants over a hybrid cache's HybridView (spec.hybrid): they apply only to adapters that declare KV
+"""The invariants over a hybrid cache's HybridView (spec.kv_groups): they apply only to adapters that declare KV
 cache groups; the block ledger's Z3 encoding has one table per request and no window, so it has no twin of them."""
 
 FREE_LIST_INVARIANTS: tuple[Invariant, ...] = FREE_LIST_SAFETY
-"""The invariant over an allocator's FreeListView (spec.free_list): it applies only to adapters that show one; the
+"""The invariant over an allocator's FreeListView (spec.free_list_view): it applies only to adapters that show one; the
 block ledger's Z3 encoding counts free blocks and keeps no list, so it has no twin of it."""
 
 VIEW_INVARIANTS: tuple[Invariant, ...] = (*RADIX_INVARIANTS, *HYBRID_INVARIANTS, *FREE_LIST_INVARIANTS)

@@ -1,4 +1,4 @@
-"""The free-list invariant: the allocator's free list is exactly its unreferenced blocks (spec.free_list).
+"""The free-list invariant: the allocator's free list is exactly its unreferenced blocks (spec.free_list_view).
 
 It reads the FreeListView an adapter shows and does not apply (None) to one that shows none.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Iterable
 
-from ..free_list import free_list_view
+from ..free_list_view import free_list_view
 from .transition import Invariant, Problems, Transition
 
 

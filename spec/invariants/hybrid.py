@@ -1,4 +1,4 @@
-"""Hybrid invariants: what any cache with several KV cache groups sharing one pool keeps (spec.hybrid).
+"""Hybrid invariants: what any cache with several KV cache groups sharing one pool keeps (spec.kv_groups).
 
 They read the HybridView the adapter shows and apply only to an implementation
 that declares ``Semantics.layout`` ``per_group`` and shows its groups in the view. The
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable
 
-from ..hybrid import HybridView, hybrid_view, longest_common_hit
+from ..kv_groups import HybridView, hybrid_view, longest_common_hit
 from .transition import Invariant, Problems, Transition, bad_input
 
 PER_GROUP = frozenset({"per_group"})

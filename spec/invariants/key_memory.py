@@ -12,7 +12,7 @@ from ..ledger import Content
 from ..observation import RequestView
 from ..ops import Semantics
 from ..policies import BLOCK_ORDERS
-from .quality import PolicyQuality
+from .policy_quality import PolicyQuality
 from .ranking import CandidateRanking
 
 if TYPE_CHECKING:

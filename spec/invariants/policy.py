@@ -327,6 +327,6 @@ POLICY: tuple[Invariant, ...] = (
     Invariant("policy_conformance", "policy", policy_conformance, layouts=ONE_TABLE, incremental=True),
 )
 """incremental: candidates_unreferenced reads the evicted blocks and their readers (the step's events and
-every reader of them are in the local part, spec.delta.LiveObservation.local); policy_conformance ranks the
+every reader of them are in the local part, spec.delta.KeptObservation.local); policy_conformance ranks the
 evictions against the candidates kept ranked across steps (``_ranked_conformance``). no_spurious_refusal
 counts every idle block of the pool on a refusal: a whole-state check, every K steps."""

@@ -1,4 +1,4 @@
-"""Radix invariants: what any radix-tree prefix cache keeps, read from the RadixView it shows (spec.radix).
+"""Radix invariants: what any radix-tree prefix cache keeps, read from the RadixView it shows (spec.radix_view).
 
 They do not apply (None) to an adapter whose observation carries no RadixView.
 Safety ones hold for every radix cache; ``radix_policy_conformance`` judges the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from ..radix import RADIX_ORDERS, RANK_KEYS, RadixView, radix_view
+from ..radix_view import RADIX_ORDERS, RANK_KEYS, RadixView, radix_view
 from .transition import Invariant, Problems, Transition
 
 

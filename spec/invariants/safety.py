@@ -278,7 +278,7 @@ def bad_input_rejected(t: Transition) -> Problems:
 # incremental=True: judged on a delta step's local part too (Transition.touched; deltas are taken at block
 # granularity only). Each iterates objects, requests or index entries and judges each from lookups; on a
 # truthful delta an object, request or entry outside the part is unchanged since the step that last judged
-# it, and an object's readers are all in the part (LiveObservation.local), so the part's problems are the
+# it, and an object's readers are all in the part (KeptObservation.local), so the part's problems are the
 # whole state's. capacity_conservation sums the part's change of sizes, by induction (its docstring); its base
 # is judged whole every K steps and at the end (WHOLE_TOO).
 # Within the kind, the order decides which broken invariant a report names first: the most

@@ -49,7 +49,7 @@ class Transition(msgspec.Struct, frozen=True, dict=True):
     predicted: Step | None = None  # the spec's step, where the adapter declares exact semantics
     # None: before and after are the whole state. Otherwise the step came as a delta (spec.delta) and this is
     # (oids, request ids) it touched: before and after iterate only the part the step can have changed
-    # (LiveObservation.local), lookups answer from the whole state, and only incremental invariants run.
+    # (KeptObservation.local), lookups answer from the whole state, and only incremental invariants run.
     touched: tuple[frozenset[Hashable], frozenset[str]] | None = None
 
     @property

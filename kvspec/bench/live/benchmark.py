@@ -22,9 +22,9 @@ from typing import Any
 from kvspec.report import ExitCode
 from kvspec.vllm_env import vllm_release
 
+from .driver import Launcher, ServerDidNotStart, run_ab
 from .launcher import TinyVllmLauncher
 from .render import plot, table
-from .run import Launcher, ServerDidNotStart, run_ab
 from .schema import SCHEMA_VERSION, schema_problems
 from .workload import WorkloadShape
 

@@ -13,7 +13,7 @@ from typing import Any
 from kvspec.adapters.vllm_live.server import TINY_CONFIG, ServerConfig, ServerStartError, TinyServer
 from kvspec.gpu_checks.vllm_agreement import shape_from_hf_config
 
-from .run import ServerDidNotStart
+from .driver import ServerDidNotStart
 
 # Overrides of the server module's TINY_CONFIG. "tiny" (2 layers, hidden 128) prefills 256 tokens in
 # well under a millisecond of compute, less than a step's fixed cost: a prefix hit cannot show in TTFT.

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import z3
 
-from .invariants import INVARIANTS, VIEW_INVARIANTS
+from ..invariants import INVARIANTS, VIEW_INVARIANTS
 from .symbolic import (
     ABSENT,
     ADMIT,
@@ -417,7 +417,7 @@ AUXILIARY: dict[str, StateFormula] = {
     "unkeyed_blocks_are_private": unkeyed_blocks_are_private,
     "fill_matches_position": fill_matches_position,
 }
-"""Facts about every reachable state; together they are 1-inductive (see spec.bmc.prove)."""
+"""Facts about every reachable state; together they are 1-inductive (see spec.formal.bmc.prove)."""
 
 
 def auxiliary(enc: Encoding, s: SymState) -> Term:

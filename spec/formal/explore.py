@@ -1,7 +1,7 @@
 """Exhaustive explicit-state search of the block spec: every reachable state of ``LedgerModel.step``.
 
 Breadth-first from the empty pool, under the op alphabet of the bounded Z3 model
-(``spec.symbolic.Bounds``; ``Encoding.op_domain``): for each request ``r0..r{R-1}``,
+(``spec.formal.symbolic.Bounds``; ``Encoding.op_domain``): for each request ``r0..r{R-1}``,
 an admit of every token string of 1..N*B tokens over ``0..A-1``, an append of every
 string of 1..``max_append`` tokens, release (keep and not), preempt, resume; and
 reset_cache. Each transition is checked with every invariant that applies (as ``check_transition``)
@@ -51,10 +51,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from .invariants import INVARIANTS, KeyMemory, Transition
-from .ledger import BlockLedger, LedgerModel, Step
-from .ledger.base import Request
-from .ops import Event, Op, Semantics
+from ..invariants import INVARIANTS, KeyMemory, Transition
+from ..ledger import BlockLedger, LedgerModel, Step
+from ..ledger.base import Request
+from ..ops import Event, Op, Semantics
 from .symbolic import SEMANTICS, Bounds
 
 State = tuple[object, ...]

@@ -48,9 +48,9 @@ from typing import Any, ClassVar
 
 import z3
 
-from .ledger import BlockLedger, LedgerModel
-from .observation import ObjectView, Observation, RequestState, RequestView
-from .ops import Config, DuplicateKeys, Event, Op, Outcome, Semantics
+from ..ledger import BlockLedger, LedgerModel
+from ..observation import ObjectView, Observation, RequestState, RequestView
+from ..ops import Config, DuplicateKeys, Event, Op, Outcome, Semantics
 
 Term = Any
 """A z3 expression (the z3 package carries no type information)."""

@@ -14,7 +14,7 @@ holds on the first k steps from the empty pool (base) and, from any state
 whatever, k - 1 steps on which P held are followed by a step on which it holds
 (step; k = 1: P holds after every step from every state). Few invariants are
 inductive alone; each is 1-inductive relative to the auxiliary invariants of
-spec.symbolic_invariants, which are first proved jointly 1-inductive.
+spec.formal.symbolic_invariants, which are first proved jointly 1-inductive.
 
 ``inductive_lemmas`` finds, for the spec's encoding or any variant of it,
 the largest subset of the auxiliary conjuncts that is inductive for
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import z3
 
-from .ops import Op
+from ..ops import Op
 from .symbolic import OP_KINDS, RESET, Bounds, Encoding, SymOp, SymState, SymTransition, Term
 from .symbolic_invariants import AUXILIARY, SAFETY, auxiliary
 

@@ -1,6 +1,6 @@
 """Capacity conservation for every pool size: the counting abstraction of the block spec.
 
-The bounded encoding (spec.symbolic) proves the invariants for one N at a time.
+The bounded encoding (spec.formal.symbolic) proves the invariants for one N at a time.
 For every N at once, the pool is abstracted to three counts over a symbolic
 capacity N: ``empty`` (queued blocks without a key), ``cached`` (queued blocks
 with a key) and ``used`` (referenced blocks). Each operation of the spec moves

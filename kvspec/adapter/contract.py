@@ -7,6 +7,7 @@ the allocator it wraps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -30,7 +31,7 @@ class Capabilities:
     fixed_config: the pool is fixed by the implementation (a live server): the
       suite uses it instead of drawing pool sizes.
     pool_scale: pool blocks one prompt block takes: several KV cache groups each
-      hold a table per request over one pool (spec.hybrid), so the suite draws
+      hold a table per request over one pool (spec.kv_groups), so the suite draws
       pools this many times larger and sizes its long prompts by the pool over the
       scale, so that prompts run as long, past windows and chunks, as with one group.
     observes_index: the observation carries the cache index.
@@ -128,3 +129,7 @@ class DeltaAdapter(Adapter, Protocol):
         """What changed since the last ``observe()`` or ``observe_delta()``; None: cannot say (the kit
         calls ``observe()`` instead)."""
         ...
+
+
+AdapterFactory = Callable[[], Adapter]
+"""What builds one adapter instance: a class or any callable (the kit builds a fresh one per replay)."""

@@ -1,6 +1,6 @@
 """Unbounded proofs of the safety invariants with Z3's Spacer engine (PDR/IC3 over constrained Horn clauses).
 
-The bounded pool's transition relation (``spec.symbolic.Encoding``) as three Horn clauses
+The bounded pool's transition relation (``spec.formal.symbolic.Encoding``) as three Horn clauses
 over one unknown relation ``Inv`` on the state's variables:
 
     Inv(initial)
@@ -21,7 +21,7 @@ killed at the limit: that invariant is then unknown, with ``timed_out`` set. Wha
 child answers crosses the pipe as JSON (the verdict, and the inductive invariant as
 SMT-LIB text, parsed again over the parent's variables); nothing is unpickled.
 
-Unlike k-induction (spec.bmc.prove), nothing is assumed: no auxiliary invariant is
+Unlike k-induction (spec.formal.bmc.prove), nothing is assumed: no auxiliary invariant is
 given to Spacer, it must find what makes P inductive on its own. The encoding's
 counters are mathematical integers here (``Bounds(arith="int")``; Spacer's
 arithmetic is linear integer arithmetic, its bit-vector support is weak); token
@@ -117,7 +117,7 @@ def prove_pdr(
     query included; the child running it is killed then (the independent check of a
     proof and the BMC's decoding of a violation run after it, in this process).
     ``options``: Z3 Fixedpoint parameters set on each query (e.g. ``{"spacer.ground_pobs": False}``).
-    ``lemmas``: first find the auxiliary conjuncts that are inductive (``spec.bmc.inductive_lemmas``,
+    ``lemmas``: first find the auxiliary conjuncts that are inductive (``spec.formal.bmc.inductive_lemmas``,
     plain Z3 queries, within ``time_limit``) and give them to Spacer as facts of every
     state it reasons about; a proof's inductive invariant is then the lemmas and Spacer's
     invariant together, and the independent check proves all of it again.

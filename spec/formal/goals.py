@@ -1,7 +1,7 @@
 """Named coverage goals of the bounded block model, and the search for the shortest op sequence to each.
 
 A goal is a situation worth driving every adapter through: a formula over one
-symbolic transition (spec.symbolic) that says "this step is an instance of the
+symbolic transition (spec.formal.symbolic) that says "this step is an instance of the
 situation". ``reach`` asks Z3 for the shortest op sequence from the empty pool
 whose last step satisfies the goal; stateful_tests.bounded saves the answers as
 cases that ``kvspec check`` replays before its random phase.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import z3
 
+from ..ops import Op
 from .bmc import Path, _check, _solver
-from .ops import Op
 from .symbolic import (
     ADMIT,
     APPEND,

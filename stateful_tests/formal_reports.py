@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvspec.report import Report, Row, Status
-from kvspec.spec.bmc import AuxiliaryProof, BmcResult, Counterexample, Proof
-from kvspec.spec.parametric import EveryNProof, Refinement
-from kvspec.spec.pdr import PdrProof
-from kvspec.spec.score_proofs import PropertyResult
-from kvspec.spec.symbolic import Bounds
-from kvspec.spec.symbolic_invariants import SAFETY
+from kvspec.spec.formal.bmc import AuxiliaryProof, BmcResult, Counterexample, Proof
+from kvspec.spec.formal.parametric import EveryNProof, Refinement
+from kvspec.spec.formal.pdr import PdrProof
+from kvspec.spec.formal.score_proofs import PropertyResult
+from kvspec.spec.formal.symbolic import Bounds
+from kvspec.spec.formal.symbolic_invariants import SAFETY
 
 SPEC = "spec"
 """The ``adapter`` of a formal report: the spec's own Z3 encoding (or a variant of it, in ``formal.variant``)."""

@@ -1,6 +1,6 @@
 """The explicit-state search on an implementation, and its results as the kit's report.
 
-``drive`` takes the spec's reachable states that ``spec.explore.explore`` found and
+``drive`` takes the spec's reachable states that ``spec.formal.explore.explore`` found and
 drives an adapter through every one of them: the path that first reached each leaf
 of the search tree is replayed from a fresh pool through the suite's ``Harness``
 (every invariant, the refinement checks against the spec's own step included), so
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.adapters.base import Adapter
+from kvspec.adapter import Adapter
 from kvspec.report import Report, Row, Status, rows
-from kvspec.spec.explore import Alphabet, ExploreResult, State, clone, describe, spec_model
+from kvspec.spec.formal.explore import Alphabet, ExploreResult, State, clone, describe, spec_model
 from kvspec.spec.invariants import ADAPTER_CONTRACT, INVARIANTS
 from kvspec.spec.ops import Op
 
