@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from kvspec.adapters.base import Capabilities
+from kvspec.adapter import Capabilities, Semantics
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
-from kvspec.spec import Semantics
 
 from .allocator import Allocator
 
