@@ -1,7 +1,7 @@
 """The isolation child's copy of the state the harness keeps from an adapter's deltas.
 
 Taking deltas, the harness (stateful_tests/harness.py) keeps the adapter's whole observation itself
-(``Harness.live``, a :class:`~kvspec.spec.KeptObservation`) and, every K steps and at the end of an example,
+(``Harness.kept``, a :class:`~kvspec.spec.KeptObservation`) and, every K steps and at the end of an example,
 compares it with the adapter's full observation. Sending that observation from the adapter's child process
 costs what the pool holds (about a second at 65,536 blocks: pickling tens of thousands of ObjectViews), so
 the child keeps a :class:`KeptState` fed the same answers, compares there, and sends the observation only
@@ -31,7 +31,7 @@ class Agreed:
 class KeptState:
     """The state the harness keeps from the adapter's deltas, replayed in the child.
 
-    The rule, the same as ``Harness.live``'s, call for call (the harness drives both):
+    The rule, the same as ``Harness.kept``'s, call for call (the harness drives both):
 
     - :meth:`start` (the example's first observation, ``IsolatedAdapter.observe_keeping``): kept := it;
     - a delta step (``step(op, "delta")``): the adapter's delta applied; where it gave none, kept := the
@@ -51,31 +51,31 @@ class KeptState:
     """
 
     def __init__(self) -> None:
-        self.live: KeptObservation | None = None
+        self.state: KeptObservation | None = None
 
     def drop(self) -> None:
-        self.live = None
+        self.state = None
 
     def start(self, obs: object) -> None:
         """Keep ``obs`` (an observation the harness keeps too); nothing, when it is not a well-formed one."""
-        self.live = None
+        self.state = None
         if not malformed_observation(obs):
             try:
-                self.live = KeptObservation(obs)  # type: ignore[arg-type]
+                self.state = KeptObservation(obs)  # type: ignore[arg-type]
             except Exception:  # well-typed at the top, yet not keepable (an unhashable oid): send it next time
-                self.live = None
+                self.state = None
 
     def apply(self, delta: object) -> None:
         """A delta step's answer: the delta applied, or (an observation sent instead) kept := it."""
-        if self.live is None:
+        if self.state is None:
             return
         if not isinstance(delta, ObservationDelta):
             self.start(delta)
             return
         try:
-            self.live.apply(delta)
+            self.state.apply(delta)
         except Exception:  # the harness finds the delta wrong too and stops the example
-            self.live = None
+            self.state = None
 
     def compare(self, delta: object, obs: object, *, end: bool = False) -> Agreed | None:
         """Whether the adapter's observation ``obs`` need not be sent, at a compared step (``delta``: the step's
@@ -87,7 +87,7 @@ class KeptState:
                 self.start(obs)
                 return None
             self.apply(delta)
-        live = self.live
+        live = self.state
         if live is not None and not malformed_observation(obs):
             assert isinstance(obs, Observation)
             try:

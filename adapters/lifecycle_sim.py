@@ -71,7 +71,8 @@ class LifecycleSimAdapter:
 
     # -- operations -------------------------------------------------------------
     def apply(self, op: Op) -> Outcome:
-        """Run ``op``; simulator errors map to invalid (ValueError) or refused (CapacityError)."""
+        """Run a valid ``op`` (the kit answers bad input: Capabilities.checks_input); simulator errors map to
+        invalid (ValueError) or refused (CapacityError)."""
         try:
             if op.op == "admit":
                 return self._admit(op)
@@ -88,13 +89,7 @@ class LifecycleSimAdapter:
             self._collect()
 
     def _admit(self, op: Op) -> Outcome:
-        if not op.req:
-            return Outcome.invalid("admit needs a request id")
-        if op.req in self._live:
-            return Outcome.invalid(f"request {op.req!r} already exists")
-        # The simulator sees only a string; negative ids would still make one.
-        if any(t < 0 for t in op.tokens):
-            return Outcome.invalid("token ids must be non-negative")
+        assert op.req is not None
         prefix = prefix_of(op.tokens)
         shared = prefix in self.sim.records
         self.sim.acquire(prefix, len(op.tokens))
@@ -102,25 +97,16 @@ class LifecycleSimAdapter:
         self._live[op.req] = _Live(prefix, op.tokens, len(op.tokens))
         return Outcome.ok(len(op.tokens) if shared else 0)
 
-    def _live_request(self, op: Op) -> _Live | None:
-        return self._live.get(op.req) if op.req else None
-
     def _append(self, op: Op) -> Outcome:
-        live = self._live_request(op)
-        if live is None:
-            return Outcome.invalid(f"unknown or already released request {op.req!r}")
-        if any(t < 0 for t in op.tokens):
-            return Outcome.invalid("token ids must be non-negative")
+        live = self._live[str(op.req)]
         self.sim.append(live.prefix, len(op.tokens))
         live.tokens = live.tokens + op.tokens
         return Outcome.ok()
 
     def _release(self, op: Op) -> Outcome:
-        live = self._live_request(op)
-        if live is None or op.req is None:
-            return Outcome.invalid(f"unknown or already released request {op.req!r}")
+        live = self._live[str(op.req)]
         self.sim.release(live.prefix, keep_reusable=op.keep)
-        del self._live[op.req]
+        del self._live[str(op.req)]
         return Outcome.ok()
 
     def _collect(self) -> None:

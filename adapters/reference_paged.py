@@ -65,6 +65,7 @@ class ReferencePagedAdapter:
         semantics=Semantics(granularity="block", eviction="lru", hit_cap=True, reset_requires_idle=True, exact=True),
         version="0.1.0",
         deltas=True,
+        checks_input=True,  # the paged pool rejects bad input itself: its own checks are under test
     )
 
     def __init__(self, pool_factory: PoolFactory | None = None) -> None:
@@ -241,14 +242,16 @@ class ReferenceScoreAdapter(ReferencePagedAdapter):
     """The paged pool evicting by the scheduler simulator's retention score."""
 
     name = "reference-score"
-    capabilities = Capabilities(semantics=Semantics(eviction="score"), version="0.1.0", deltas=True)
+    capabilities = Capabilities(semantics=Semantics(eviction="score"), version="0.1.0", deltas=True, checks_input=True)
 
 
 class ReferenceSharedAwareAdapter(ReferencePagedAdapter):
     """The paged pool evicting by shared_aware's retain score (hits, share degree, branch factor, depth)."""
 
     name = "reference-shared-aware"
-    capabilities = Capabilities(semantics=Semantics(eviction="shared_aware"), version="0.1.0", deltas=True)
+    capabilities = Capabilities(
+        semantics=Semantics(eviction="shared_aware"), version="0.1.0", deltas=True, checks_input=True
+    )
 
 
 ANCHOR_BLOCKS = 1
@@ -264,6 +267,7 @@ class ReferenceFamilyProtectAdapter(ReferencePagedAdapter):
         semantics=Semantics(eviction="family_protect", protect_min_hits=1, admission_anchor_blocks=ANCHOR_BLOCKS),
         version="0.1.0",
         deltas=True,
+        checks_input=True,  # the paged pool rejects bad input itself: its own checks are under test
     )
 
 
@@ -271,7 +275,9 @@ class ReferenceNewestAdapter(ReferencePagedAdapter):
     """The paged pool where a duplicate hash moves the index entry to the newest block (duplicate_keys=newest)."""
 
     name = "reference-newest"
-    capabilities = Capabilities(semantics=Semantics(duplicate_keys="newest"), version="0.1.0", deltas=True)
+    capabilities = Capabilities(
+        semantics=Semantics(duplicate_keys="newest"), version="0.1.0", deltas=True, checks_input=True
+    )
 
     def __init__(self, pool_factory: PoolFactory | None = None) -> None:
         super().__init__(pool_factory or (lambda c: NewestOwnsIndex(c.capacity, c.block_size, hit_cap=True)))

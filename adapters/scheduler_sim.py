@@ -55,14 +55,8 @@ class SchedulerSimAdapter:
         """Nothing to release: the simulator lives in this process."""
 
     def apply(self, op: Op) -> Outcome:
-        """Run ``op``; a ValueError of the simulator is bad input (invalid)."""
-        if op.op != "admit":
-            return Outcome.invalid(f"{op.op} is not supported by {self.name}")
-        if not op.req:
-            return Outcome.invalid("admit needs a request id")
-        # The simulator sees only a string; negative ids would still make one.
-        if any(t < 0 for t in op.tokens):
-            return Outcome.invalid("token ids must be non-negative")
+        """Run a valid ``op`` (the kit answers bad input: Capabilities.checks_input); a ValueError of the
+        simulator is invalid."""
         prefix = prefix_of(op.tokens)
         reused = prefix in self.sim.entries
         try:

@@ -36,7 +36,6 @@ from collections.abc import Hashable
 from typing import Any
 
 from kvspec.adapter import (
-    OP_KINDS,
     RADIX,
     Capabilities,
     Config,
@@ -150,46 +149,8 @@ class SglangAdapter:
             seen += 1
         return tuple(t for part in reversed(parts) for t in part)
 
-    # -- the engine front end ----------------------------------------------------------------
-    def _rejection(self, op: Op) -> str | None:
-        """Why the engine would reject ``op`` before it reaches the cache (None: it would not)."""
-        if op.op not in OP_KINDS:
-            return f"unknown op {op.op!r}"
-        if op.op == "reset_cache":
-            return None
-        req = op.req
-        if not req:
-            return f"{op.op} needs a request id"
-        known = req in self.running or req in self.waiting
-        if op.op == "admit":
-            return f"request {req!r} already exists" if known else self._bad_tokens(op.tokens, 0, "prompt")
-        if not known:
-            return f"unknown or already released request {req!r}"
-        if op.op == "release":
-            return None
-        if op.op == "append":
-            if req not in self.running:
-                return f"append to request {req!r} that is not running"
-            return self._bad_tokens(op.tokens, self.sg.seq_len(self.running[req]), "request")
-        if op.op == "preempt":
-            if req not in self.running:
-                return f"preempt of request {req!r} that is not running"
-            return None if op.mode == "recompute" else f"unsupported preempt mode {op.mode!r}"
-        return None if req in self.waiting else f"resume of request {req!r} that is not preempted"
-
-    def _bad_tokens(self, tokens: tuple[int, ...], held: int, what: str) -> str | None:
-        if not tokens:
-            return f"empty {what} tokens"
-        if min(tokens) < 0:
-            return "token ids must be non-negative"
-        if held + len(tokens) > self.max_len:
-            return f"{what} of {held + len(tokens)} tokens is longer than the pool's {self.max_len}"
-        return None
-
     def apply(self, op: Op) -> Outcome:
-        problem = self._rejection(op)
-        if problem is not None:
-            return Outcome.invalid(problem)
+        """Run a valid ``op`` (bad input never reaches an adapter: the kit answers it, Capabilities.checks_input)."""
         self._event_kind = "reclaim" if op.op == "reset_cache" else "evict"
         if op.op == "reset_cache":
             return self._reset_cache()

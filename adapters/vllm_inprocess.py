@@ -32,7 +32,6 @@ from typing import Any
 
 from kvspec.adapter import (
     FREE_LIST,
-    OP_KINDS,
     Capabilities,
     Config,
     Event,
@@ -239,49 +238,8 @@ class VllmProjection:
     def _pool_reset(self) -> bool:
         raise NotImplementedError
 
-    # -- the engine front end -------------------------------------------------------------
-    def _rejection(self, op: Op) -> str | None:
-        """Why the engine would reject ``op`` before it reaches the allocator (None: it would not)."""
-        if op.op not in OP_KINDS:
-            return f"unknown op {op.op!r}"
-        if op.op == "reset_cache":
-            return None
-        req = op.req
-        if not req:
-            return f"{op.op} needs a request id"
-        known = req in self.running or req in self.waiting
-        if op.op == "admit":
-            if known:
-                return f"request {req!r} already exists"
-            return self._bad_tokens(op.tokens, 0, "prompt")
-        if not known:
-            return f"unknown or already released request {req!r}"
-        if op.op == "release":
-            return None
-        if op.op == "append":
-            if req not in self.running:
-                return f"append to request {req!r} that is not running"
-            return self._bad_tokens(op.tokens, self.running[req].num_tokens, "request")
-        if op.op == "preempt":
-            if req not in self.running:
-                return f"preempt of request {req!r} that is not running"
-            return None if op.mode == "recompute" else f"unsupported preempt mode {op.mode!r}"
-        # resume
-        return None if req in self.waiting else f"resume of request {req!r} that is not preempted"
-
-    def _bad_tokens(self, tokens: tuple[int, ...], held: int, what: str) -> str | None:
-        if not tokens:
-            return f"empty {what} tokens"
-        if min(tokens) < 0:
-            return "token ids must be non-negative"
-        if held + len(tokens) > self.max_model_len:
-            return f"{what} of {held + len(tokens)} tokens is longer than max_model_len {self.max_model_len}"
-        return None
-
     def apply(self, op: Op) -> Outcome:
-        problem = self._rejection(op)
-        if problem is not None:
-            return Outcome.invalid(problem)
+        """Run a valid ``op`` (bad input never reaches an adapter: the kit answers it, Capabilities.checks_input)."""
         self._event_kind = "reclaim" if op.op in ("release", "reset_cache") else "evict"
         if op.op == "reset_cache":
             self._whole = True  # any block may lose its hash

@@ -23,7 +23,7 @@ import seeded_bugs
 
 from kvspec.case import Case
 from kvspec.gate import case_fingerprint
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, Options, run_check
 
 
 def main() -> None:
@@ -42,11 +42,10 @@ def main() -> None:
             for seed in range(1, args.seeds + 1):
                 result = run_check(
                     bug.factory,
-                    name=bug.name,
-                    profile=PROFILES["thorough"],
-                    seed=seed,
-                    max_examples=args.max_examples,
-                    cases_dir=Path(cases),
+                    bug.name,
+                    Options(
+                        profile=PROFILES["thorough"], seed=seed, max_examples=args.max_examples, cases_dir=Path(cases)
+                    ),
                 )
                 if result.failure is None or not result.cases:
                     continue

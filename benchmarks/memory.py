@@ -129,7 +129,7 @@ def _census() -> tuple[Counter[str], Counter[str]]:
 def growth(examples: int, top: int = 12) -> list[dict[str, Any]]:
     """The object types whose live memory grew most from the first fifth of a check to its end (a gc census)."""
     from kvspec.adapters import load
-    from kvspec.stateful_tests import PROFILES, Tally, run_check
+    from kvspec.stateful_tests import PROFILES, Options, Tally, run_check
 
     censuses: dict[int, tuple[Counter[str], Counter[str]]] = {}
 
@@ -140,10 +140,8 @@ def growth(examples: int, top: int = 12) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         run_check(
             load("reference"),
-            name="reference",
-            profile=PROFILES["ci"],
-            max_examples=examples,
-            cases_dir=Path(tmp),
+            "reference",
+            Options(profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp)),
             progress=progress,
         )
     (count0, size0), (count1, size1) = censuses[examples // 5], censuses[examples]

@@ -705,7 +705,7 @@ def seeded_ttc(seeds: int, names: set[str] | None = None) -> list[dict[str, Any]
     sys.path.insert(0, str(ROOT / "tests"))
     from seeded_bugs import SEEDED_BUGS
 
-    from kvspec.stateful_tests import PROFILES, run_check
+    from kvspec.stateful_tests import PROFILES, Options, run_check
 
     rows = []
     from kvspec.spec import INVARIANTS
@@ -721,11 +721,13 @@ def seeded_ttc(seeds: int, names: set[str] | None = None) -> list[dict[str, Any]
             with tempfile.TemporaryDirectory() as tmp:
                 result = run_check(
                     bug.factory,
-                    name=bug.name,
-                    profile=PROFILES["ci"],
-                    seed=seed,
-                    cases_dir=Path(tmp),
-                    refine=kinds.get(bug.invariant) == "refinement",
+                    bug.name,
+                    Options(
+                        profile=PROFILES["ci"],
+                        seed=seed,
+                        cases_dir=Path(tmp),
+                        refine=kinds.get(bug.invariant) == "refinement",
+                    ),
                 )
             if result.tally.first_failure_s is not None and result.tally.first_failure_at is not None:
                 times.append(result.tally.first_failure_s)

@@ -27,7 +27,7 @@ from seeded_bugs import SEEDED_BUGS  # noqa: E402
 
 from kvspec.adapters import load  # noqa: E402
 from kvspec.spec import Op  # noqa: E402
-from kvspec.stateful_tests import PROFILES, Harness, Tally, run_check  # noqa: E402
+from kvspec.stateful_tests import PROFILES, Harness, Options, Tally, run_check  # noqa: E402
 
 ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
 
@@ -53,7 +53,7 @@ def adapter_rates(examples: int) -> list[dict[str, Any]]:
         try:
             with TemporaryDirectory() as tmp:
                 result = run_check(
-                    load(name), name=name, profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp)
+                    load(name), name, Options(profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp))
                 )
         finally:
             machine_module.Harness = original  # type: ignore[misc]
@@ -97,10 +97,8 @@ def bug_times() -> list[dict[str, Any]]:
 
             result = run_check(
                 bug.factory,
-                name=bug.name,
-                profile=PROFILES["ci"],
-                cases_dir=Path(tmp),
-                refine=refine,
+                bug.name,
+                Options(profile=PROFILES["ci"], cases_dir=Path(tmp), refine=refine),
                 progress=progress,
             )
             total = time.perf_counter() - t0

@@ -44,7 +44,7 @@ from kvspec import jsonio  # noqa: E402
 from kvspec.adapters import load  # noqa: E402
 from kvspec.report import ExitCode  # noqa: E402
 from kvspec.spec import Op  # noqa: E402
-from kvspec.stateful_tests import PROFILES, Harness, Result, run_check  # noqa: E402
+from kvspec.stateful_tests import PROFILES, Harness, Options, Result, run_check  # noqa: E402
 from kvspec.stateful_tests.swarm import run_swarm  # noqa: E402
 
 ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
@@ -112,15 +112,15 @@ def adapter_rows(examples: int, ks: tuple[int, ...] = (), adapters: tuple[str, .
         try:
             with TemporaryDirectory() as tmp:
                 kwargs: dict[str, Any] = {} if engine == "hypothesis" else {"states": states}
-                if k > 1:
-                    kwargs["full_check_every"] = k
+                options: dict[str, Any] = {"full_check_every": k} if k > 1 else {}
                 if engine == IN_PROCESS:
-                    kwargs["isolate"] = False
+                    options["isolate"] = False
                 if engine == "hypothesis":
                     machine_module.Harness = _counting(states)  # type: ignore[misc]
                 c0 = cpu_seconds()
                 result = run(
-                    load(name), name=name, profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp),
+                    load(name), name,
+                    Options(profile=PROFILES["ci"], max_examples=examples, cases_dir=Path(tmp), **options),
                     **kwargs,
                 )  # fmt: skip
                 cpu = cpu_seconds() - c0
@@ -182,8 +182,8 @@ def bug_engine_rows(
     for engine, run in ENGINES.items():
         with TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            result = run(factory, name=name, profile=profile, cases_dir=Path(tmp), refine=refine,
-                         keep_going=engine == "swarm")  # fmt: skip
+            options = Options(profile=profile, cases_dir=Path(tmp), refine=refine, keep_going=engine == "swarm")
+            result = run(factory, name, options)
             total = time.perf_counter() - t0
         first = result.tally.first_failure_at
         named = {v.invariant for v, _, _ in result.more_failures}

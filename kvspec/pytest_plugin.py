@@ -14,7 +14,6 @@ adapter or test id, and the fixture's cases go under the test's own ``tmp_path``
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -27,8 +26,8 @@ from kvspec.adapter import AdapterFactory
 from kvspec.adapters import AdapterLoadError, UnknownAdapter, load
 from kvspec.adapters.vllm_live.server import Endpoints, ServerStartError, TinyServer, attach, server_missing
 from kvspec.report import Report
-from kvspec.stateful_tests import PROFILES, LiveTarget, Options, check_adapter
-from kvspec.stateful_tests.dispatch import not_started
+from kvspec.stateful_tests import Options, check_adapter, not_started
+from kvspec.stateful_tests.options import add_flags, options_from
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,42 +39,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME_OR_PATH",
         help="check this adapter (a name from `kvspec adapters` or pkg.module:Factory); repeatable",
     )
-    group.addoption("--kvspec-profile", default="ci", choices=sorted(PROFILES), help="kvspec profile (default ci)")
-    group.addoption("--kvspec-max-examples", type=int, default=None, help="random op sequences per adapter")
-    group.addoption("--kvspec-seed", type=int, default=None, help="random seed")
-    group.addoption(
-        "--kvspec-step-timeout", type=float, default=30.0, help="seconds before an adapter call counts as hung"
-    )
-    group.addoption(
-        "--kvspec-full-check-every",
-        type=_positive,
-        default=None,
-        metavar="K",
-        help="adapters that report deltas: check each step's changed part and the whole state every K steps "
-        "(default: the profile's; 1: the whole state every step; docs/incremental.md)",
-    )
-    group.addoption(
-        "--kvspec-vllm-url", default=None, help="vllm_live_server: use this running server, not the kit's tiny one"
-    )
-    group.addoption("--kvspec-vllm-events", default=None, help="vllm_live_server: its KV event PUB endpoint")
-    group.addoption("--kvspec-vllm-replay", default=None, help="vllm_live_server: its KV event replay endpoint")
+    add_flags(lambda _section: group.addoption, "plugin")  # the run options pytest sets: stateful_tests/options.py
     group.addoption(
         "--kvspec-html",
         default=None,
         metavar="DIR",
         help="write a failing check as one HTML page here, each case drawn as a block timeline (kvspec[show])",
     )
-
-
-def _positive(text: str) -> int:
-    """A count of at least 1 (argparse type: a bad value is a usage error)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of steps, at least 1, not {text!r}")
-    return value
 
 
 class ConformanceFailure(Exception):
@@ -124,27 +94,19 @@ def _page(config: pytest.Config, adapter: str | AdapterFactory, report: Report, 
     except AdapterLoadError:
         factory = None
     live = "live" in report.sections
-    timeout = config.getoption("--kvspec-step-timeout")
-    write_report_html(path, report, None if live else factory, step_timeout=timeout)
+    write_report_html(path, report, None if live else factory, step_timeout=_options(config).step_timeout)
     return path
+
+
+def _options(config: pytest.Config, cases_dir: Path | None = None) -> Options:
+    """The run's Options from the plugin's flags; the plugin runs no coverage scenarios (the CLI does)."""
+    fixed: dict[str, Any] = {"scenarios": False} if cases_dir is None else {"scenarios": False, "cases_dir": cases_dir}
+    return options_from(config.getoption, "plugin", **fixed)
 
 
 def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path) -> Report:
     name = _name(adapter)
-    options = Options(
-        profile=config.getoption("--kvspec-profile"),
-        seed=config.getoption("--kvspec-seed"),
-        max_examples=config.getoption("--kvspec-max-examples"),
-        cases_dir=cases_dir,
-        step_timeout=config.getoption("--kvspec-step-timeout"),
-        full_check_every=config.getoption("--kvspec-full-check-every"),
-        scenarios=False,
-        live=LiveTarget(
-            url=config.getoption("--kvspec-vllm-url"),
-            events=config.getoption("--kvspec-vllm-events"),
-            replay=config.getoption("--kvspec-vllm-replay"),
-        ),
-    )
+    options = _options(config, cases_dir)
     try:
         factory = load(adapter) if isinstance(adapter, str) else adapter
     except AdapterLoadError as exc:
@@ -153,6 +115,10 @@ def _check(config: pytest.Config, adapter: str | AdapterFactory, cases_dir: Path
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _options(config)
+    except ValueError as exc:  # a run option's problem, said as its flag says it (options.py)
+        raise pytest.UsageError(str(exc)) from exc
     if config.getoption("--kvspec-html", default=None) is not None:
         from kvspec.show import matplotlib_missing
 

@@ -5,7 +5,7 @@ the test function's digest; only a run of that very machine can produce one. A f
 found without Hypothesis (the swarm explorer, stateful_tests/swarm.py) has concrete ops
 and no choices, so it is kept in the same database (any ``ExampleDatabase``: a folder,
 or one shared through Redis) under :data:`CASES_KEY`, as the case JSON of
-``kvspec.case.Case``. The Hypothesis engine (``conformance.run_check``) reads them before
+``kvspec.case.Case``. The Hypothesis engine (``hypothesis_engine.run_check``) reads them before
 it draws anything and replays each as a given case; one that no longer fails (the bug
 was fixed) is deleted, as Hypothesis deletes its own examples that pass.
 """

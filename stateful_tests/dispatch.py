@@ -1,11 +1,11 @@
 """One entry point for every adapter: ``check_adapter(factory, name, options) -> Report``.
 
 Which runner an adapter needs is declared by its capabilities, read from the one
-instance the run starts with: an in-process adapter (``apply``/``observe``) goes to the
-Hypothesis suite (:func:`.conformance.run_check`, or with ``Options.engine`` ``swarm`` the
-swarm explorer, :func:`.swarm.run_swarm`), a live one (``Capabilities.live``) to
-the live-server runner (:func:`.live.run_live`). The CLI, the pytest plugin and its
-fixture all come through here, so they cannot drift apart.
+instance the run starts with: an in-process adapter (``apply``/``observe``) goes to an
+engine (:func:`.hypothesis_engine.run_check`, or with ``Options.engine`` ``swarm`` the
+swarm explorer, :func:`.swarm.run_swarm`), a live one (``Capabilities.live``, the
+:class:`~kvspec.adapter.LiveAdapter` protocol) to the live runner (:func:`.live.run_live`).
+The CLI, the pytest plugin and its fixture all come through here, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,131 +13,90 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import cast
 
-from kvspec.adapter import AdapterFactory
+from kvspec.adapter import Adapter, AdapterFactory, LiveAdapter
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
 from kvspec.case import Case
-from kvspec.report import Report, Status, now
+from kvspec.report import Report
 
 from .bad_inputs import bad_input_cases
-from .conformance import PROFILES, Result, run_check
-from .example_db import ExampleDbLocation
+from .findings import not_started
 from .harness import Tally
+from .hypothesis_engine import run_check
 from .live import LIVE_PROFILES, run_live
+from .options import Options
 from .swarm import run_swarm
 
-
-@dataclass(frozen=True)
-class LiveTarget:
-    """Where a live adapter finds its server (``url`` None: the kit starts its tiny one), and what it records."""
-
-    url: str | None = None
-    events: str | None = None
-    replay: str | None = None
-    record: Path | None = None
-    mode: str = "both"
-
-
-@dataclass(frozen=True)
-class Options:
-    """How hard to look and where results go; the same for every adapter (live ones read ``live`` too)."""
-
-    profile: str = "ci"
-    seed: int | None = None
-    max_examples: int | None = None
-    cases_dir: Path = Path(".kvspec/cases")
-    step_timeout: float | None = 30.0
-    refine: bool = True
-    scenarios: bool = True
-    quiet: bool = True
-    isolate: bool = True  # each adapter in its own child process, every call under step_timeout
-    example_db: ExampleDbLocation | None = None  # a folder or a Redis URL: failures kept, replayed first
-    time_budget_s: float | None = None  # no example starts after it
-    ignore: frozenset[str] = frozenset()  # invariants counted but not judged (a gate's known violations)
-    given_cases: tuple[Case, ...] = ()  # replayed before anything else (saved counterexamples)
-    keep_going: bool = False  # report each distinct violated invariant once, each with its own shrunk case
-    engine: str = "hypothesis"  # in-process adapters: hypothesis (conformance.run_check) or swarm (swarm.run_swarm)
-    full_check_every: int | None = None  # K: the whole state every K steps for delta adapters (None: the profile's)
-    live: LiveTarget = field(default_factory=LiveTarget)
+ENGINES = {"hypothesis": run_check, "swarm": run_swarm}
+"""The explorers of an in-process adapter, by ``Options.engine``."""
 
 
 def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Report:
     """Build the adapter, read its capabilities, run the suite that fits it; the report, whatever happened."""
-    profile = PROFILES[options.profile]
     try:
         adapter = IsolatedAdapter(factory, options.step_timeout) if options.isolate else factory()
         live = adapter.capabilities.live
         if live:  # a live adapter drives a server from this process: it is built here, not in a child
             adapter.close()
-            adapter = factory()
+            built: object = factory()
     except KeyboardInterrupt:
         return not_started(name, options, "interrupted", "interrupted")
     except Exception as exc:  # the adapter could not be built: the check could not run
         return not_started(name, options, "error", f"the adapter could not start: {_reason(exc)}")
-    if live and options.engine != "hypothesis":
-        adapter.close()
-        return not_started(
-            name, options, "error", f"the {options.engine} engine drives in-process adapters, not live ones"
-        )
     if live:
-        from kvspec.adapters.vllm_live.adapter import VllmLiveAdapter
+        return _check_live(built, name, options)
+    scenarios = _scenario_cases(adapter) if options.scenarios else []
+    extra = [*options.given_cases, *scenarios]
+    progress = None if options.quiet else _progress()
+    run = ENGINES[options.engine]
+    return run(factory, name, options, adapter=adapter, extra_cases=extra, progress=progress).report()
 
-        server = cast(VllmLiveAdapter, adapter)
-        target = options.live
-        server.configure(url=target.url, events=target.events, replay=target.replay, record=target.record)
-        return run_live(
-            server,
-            profile=LIVE_PROFILES[options.profile],
-            seed=options.seed,
-            mode=target.mode,
-            cases_dir=options.cases_dir,
-            progress=None if options.quiet else _say,
-        ).report()
-    extra = []
+
+def _scenario_cases(adapter: Adapter) -> list[Case]:
+    """The bounded model's coverage cases (committed, found by Z3), then one short case per class of bad input
+    the adapter can be given (bad_inputs.py); none for an adapter whose pool is fixed."""
     caps = adapter.capabilities
-    if options.scenarios and caps.fixed_config is None:
-        # The coverage-goal cases of the bounded model (committed, found by Z3) run first; only the ops the
-        # adapter implements are kept. Imported here: Z3 is needed only when they are.
-        from .bounded import coverage_cases
+    if caps.fixed_config is not None:
+        return []
+    from .bounded import coverage_cases  # Z3 is needed only when they are
 
-        # Then one short case per class of bad input the adapter can be given (bad_inputs.py).
-        extra = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
-        extra = [case for case in extra if all(caps.allows(op) for op in case.ops)]
-    extra = [*options.given_cases, *extra]
-    run = run_swarm if options.engine == "swarm" else run_check
-    return run(
-        factory,
-        name=name,
-        profile=profile,
-        seed=options.seed,
-        max_examples=options.max_examples,
-        cases_dir=options.cases_dir,
-        step_timeout=options.step_timeout,
-        progress=None if options.quiet else _progress(),
-        refine=options.refine,
-        extra_cases=extra,
-        adapter=adapter,
-        isolate=options.isolate,
-        example_db=options.example_db,
-        time_budget_s=options.time_budget_s,
-        ignore=options.ignore,
-        keep_going=options.keep_going,
-        full_check_every=options.full_check_every,
-    ).report()
+    cases = coverage_cases(ops=caps.ops) + bad_input_cases(caps.ops, caps.semantics.granularity)
+    return [case for case in cases if all(caps.allows(op) for op in case.ops)]
+
+
+def _check_live(built: object, name: str, options: Options) -> Report:
+    """A live adapter through the live runner; an adapter that declares ``live`` without the protocol, or an
+    engine or profile the live runner does not have, is a check that could not run."""
+    problem = None
+    if options.engine != "hypothesis":
+        problem = f"the {options.engine} engine drives in-process adapters, not live ones"
+    elif options.profile.name not in LIVE_PROFILES:
+        problem = f"live adapters have the profiles {', '.join(sorted(LIVE_PROFILES))}, not {options.profile.name!r}"
+    elif not isinstance(built, LiveAdapter):
+        missing = [m for m in _LIVE_METHODS if not hasattr(built, m)]
+        problem = f"{name} declares Capabilities(live=True) but lacks the LiveAdapter protocol's {', '.join(missing)}"
+    if problem is not None:
+        close = getattr(built, "close", None)
+        if callable(close):
+            close()
+        return not_started(name, options, "error", problem)
+    assert isinstance(built, LiveAdapter)
+    target = options.live
+    built.configure(url=target.url, events=target.events, replay=target.replay, record=target.record)
+    profile = LIVE_PROFILES[options.profile.name]
+    progress = None if options.quiet else _say
+    return run_live(built, profile=profile, seed=options.seed, mode=target.mode, cases_dir=options.cases_dir,
+                    progress=progress).report()  # fmt: skip
+
+
+_LIVE_METHODS = tuple(
+    m for m in dir(LiveAdapter) if not m.startswith("_") and m not in ("name", "capabilities", "startup_s")
+)
 
 
 def _reason(exc: Exception) -> str:
     kind = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
     return f"{kind}: {exc}"
-
-
-def not_started(name: str, options: Options, status: Status, error: str) -> Report:
-    """The report of a check whose adapter could not even be built: every verdict unknown."""
-    result = Result(name, "", options.profile, options.seed, now(), Tally(), status=status, error=error)
-    return result.report()
 
 
 def _say(line: str) -> None:
@@ -154,3 +113,6 @@ def _progress() -> Callable[[Tally], None]:
             _say(f"{tally.examples} examples, {tally.steps} steps")
 
     return show
+
+
+__all__ = ["ENGINES", "check_adapter", "not_started"]

@@ -22,7 +22,7 @@ from kvspec.adapters.kept import Agreed
 from kvspec.spec import INVARIANT_NAMES, Config, Observation, ObservationDelta, Op, Outcome, SpecError
 from kvspec.spec.delta import KeptObservation, differences
 from kvspec.spec.invariants import ADAPTER_CONTRACT, KeyMemory, Transition, check_state, check_transition
-from kvspec.spec.ledger import LedgerModel, validate
+from kvspec.spec.ledger import LedgerModel, Step, validate
 
 START = "starting the example (reset, events, observe)"
 """What a violation names as its op when the adapter broke before the first op."""
@@ -101,6 +101,19 @@ class Tally:
     full_checks: int = 0  # steps and example ends judged on the whole state while taking deltas
 
 
+@dataclass
+class _Judged:
+    """What one step gives the invariants: the states before and after it (the part it touched, on a delta
+    step: ``touched``), the whole transition judged too on a K-th step (``whole``), and where the state kept
+    from the deltas differs from the adapter's observation (``contract``: adapter_contract problems)."""
+
+    before: Observation
+    after: Observation
+    touched: tuple[frozenset[Hashable], frozenset[str]] | None = None
+    whole: Transition | None = None
+    contract: list[str] = field(default_factory=list)
+
+
 class Harness:
     """One example: a fresh pool of ``config`` and the ops applied to it so far."""
 
@@ -119,16 +132,17 @@ class Harness:
         # An adapter in a child process keeps a copy of the state kept here and compares it with its full
         # observation there (adapters/kept.py): the observation crosses the pipe only where they differ.
         self.compared = keeping and isinstance(adapter, IsolatedAdapter)
-        # An adapter in a child process, judged whole every step, with its input checked by itself: the next op
-        # can be sent before this step is judged (step's ``then``), so the child runs it meanwhile.
-        self.sends_ahead = isinstance(adapter, IsolatedAdapter) and not keeping and not self.kit_validates
+        # An adapter in a child process, judged whole every step: the next op can be sent before this step is
+        # judged (step's ``then``), so the child runs it meanwhile.
+        self.sends_ahead = isinstance(adapter, IsolatedAdapter) and not keeping
         self.upcoming: Op | None = None  # the op ``then`` chose after the last step (step's ``then``)
+        self._validated: Op | None = None  # the op sent ahead, found valid where its step starts
         self.obs = self._start()
-        # The whole state kept from the adapter's deltas; None: a full observation every step (today's path).
-        self.live: KeptObservation | None = None
+        # The whole state kept from the adapter's deltas; None: a full observation every step.
+        self.kept: KeptObservation | None = None
         if keeping:
-            self.live = KeptObservation(self.obs)
-            self.obs = self.live.now()
+            self.kept = KeptObservation(self.obs)
+            self.obs = self.kept.now()
         self.since_full = 0  # delta steps since the whole state was last judged
 
     def _start(self) -> Observation:
@@ -155,6 +169,15 @@ class Harness:
     def _timeout(self) -> float | None:
         return self.adapter.timeout if isinstance(self.adapter, IsolatedAdapter) else None
 
+    def _mode(self, index: int) -> str:
+        """How step ``index`` observes: ``full`` (no kept state), ``delta``, or on every K-th step ``compared``
+        (the child compares, adapters/kept.py) or ``both`` (in process: the delta and the observation)."""
+        if self.kept is None:
+            return "full"
+        if (index + 1) % self.every:
+            return "delta"
+        return "compared" if self.compared else "both"
+
     def _run(self, op: Op, observe: str = "full") -> tuple[object, object, object]:
         """The adapter's answers to ``op``: its outcome, its events, what it left (unchecked: user code).
 
@@ -162,17 +185,14 @@ class Harness:
         observation when it gives none; ``both`` (its delta or None, its observation); ``compared`` (as
         ``both``, with :class:`Agreed` for the observation where the child's kept state equals it).
         For an adapter that leaves input checking to the kit (``checks_input=False``), bad input is
-        answered here from ``spec.validate``, and the adapter is not called.
+        answered here from the spec's own validation, and the adapter is not called.
         """
-        if self.kit_validates:
+        validated, self._validated = self._validated, None
+        if self.kit_validates and op is not validated:
             try:
                 validate(op, self.obs, self.config, self.semantics)
             except SpecError as exc:
-                if observe == "delta":
-                    return Outcome.invalid(str(exc)), [], ObservationDelta(self.obs.free)
-                if observe == "compared":
-                    return Outcome.invalid(str(exc)), [], (None, self.obs, None)
-                return Outcome.invalid(str(exc)), [], self.obs if observe == "full" else (None, self.obs)
+                return self._rejected(str(exc), observe)
         if isinstance(self.adapter, IsolatedAdapter):
             return self.adapter.step(op, observe)
         outcome, events = self.adapter.apply(op), self.adapter.events()
@@ -182,6 +202,26 @@ class Harness:
         if observe == "delta":
             return outcome, events, self.adapter.observe() if delta is None else delta
         return outcome, events, (delta, self.adapter.observe())
+
+    def _rejected(self, problem: str, observe: str) -> tuple[object, object, object]:
+        """Bad input answered by the kit, in the shape ``observe`` asks for: nothing changed."""
+        outcome = Outcome.invalid(problem)
+        if observe == "delta":
+            return outcome, [], ObservationDelta(self.obs.free)
+        if observe == "compared":
+            return outcome, [], (None, self.obs, None)
+        return outcome, [], self.obs if observe == "full" else (None, self.obs)
+
+    def _answer(self, index: int, op: Op, observe: str) -> tuple[object, object, object]:
+        """:meth:`_run`, with a hang raised as AdapterHung and anything the adapter raised as adapter_contract."""
+        try:
+            return self._run(op, observe)
+        except CallTimeout:
+            self.broken = True
+            self.tally.hung = (self.config, list(self.ops))
+            raise AdapterHung(index, op, self._timeout) from None
+        except Exception as exc:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} {_raised(exc)}"]})
 
     def step(self, op: Op, then: Callable[[Observation], Op] | None = None) -> Outcome:
         """Apply ``op`` and check it; raise Violation when any invariant breaks.
@@ -194,128 +234,153 @@ class Harness:
         the op sent ahead is not in ``self.ops`` until its own step; its answer, hang or death is raised there;
         if this step breaks, its answer is dropped unread by the child's next call.
 
-        Taking deltas (``self.live``), a step whose number is not a multiple of K is checked on the part
-        it changed (the incremental invariants); every K-th step takes the adapter's delta and its full
-        observation, reports where the state kept from the deltas differs from it, and judges every
-        invariant on the whole state (an adapter in a child process compares there, adapters/kept.py: where
-        they agree, the observation does not cross and the kept state, equal to it, is judged). Otherwise
-        every step is judged on the whole state.
+        One path per way of observing, each ending in the same judgement (:meth:`_judge`): a full observation
+        (:meth:`_full`); taking deltas (``self.kept``), a step whose number is not a multiple of K is judged on
+        the part it changed (:meth:`_delta`), every K-th step takes the adapter's delta and its full
+        observation, reports where the state kept from the deltas differs from it, and judges every invariant
+        on the whole state (:meth:`_compared`; an adapter in a child process compares there, adapters/kept.py:
+        where they agree, the observation does not cross and the kept state, equal to it, is judged).
         """
         index = len(self.ops)
         self.ops.append(op)
         self.upcoming = None
         predicted = self.model.step(op) if self.model is not None else None
-        observe = "full" if self.live is None else "delta"
-        if self.live is not None and (index + 1) % self.every == 0:
-            observe = "compared" if self.compared else "both"
-        try:
-            raw, events, answer = self._run(op, observe)
-        except CallTimeout:
-            self.broken = True
-            self.tally.hung = (self.config, list(self.ops))
-            raise AdapterHung(index, op, self._timeout) from None
-        except Exception as exc:
-            self._fail(index, op, {ADAPTER_CONTRACT: [f"{op} {_raised(exc)}"]})
+        observe = self._mode(index)
+        raw, events, answer = self._answer(index, op, observe)
         delta: object = None
         agreed: Agreed | None = None
         if observe == "both" and isinstance(answer, tuple) and len(answer) == 2:
             delta, answer = answer
         elif observe == "compared" and isinstance(answer, tuple) and len(answer) == 3:
             delta, answer, agreed = answer
-        touched = None
-        whole: Transition | None = None
-        contract: list[str] = []
-        if agreed is not None and self.live is not None:
-            answer = self.live.now()  # the child found the kept state equal to the observation; replaced below
-        if isinstance(delta, ObservationDelta) and isinstance(answer, Observation) and self.live is not None:
-            # A K-th step: the local part judged as on every delta step, the kept whole state compared with the
-            # adapter's observation (here, or in its child: Agreed), and, where they agree, the invariants the
-            # local part cannot judge on it.
-            wrong = ([] if agreed else malformed(raw, events, answer)) or malformed_delta(raw, events, delta)
-            if wrong:
-                self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
-            assert isinstance(raw, Outcome) and isinstance(events, list)
-            try:
-                change = self.live.apply(delta)
-                if agreed is not None:  # the child found the kept state equal to the observation: it is the observation
-                    self.live.extra = agreed.extra
-                    answer = self.live.now()
-                contract = [] if agreed else [
-                    f"after {op}: the state kept from the adapter's deltas differs from its observation: {p}"
-                    for p in differences(self.live.now(), answer)
-                ]  # fmt: skip
-                before, after = change.before, answer
-                if not contract:
-                    self.live.extra = answer.extra  # the deltas may leave it out: the observation's
-                    whole = Transition(
-                        change.before, op, raw, tuple(events), self.live.now(), self.config, self.semantics,
-                        self.memory, predicted,
-                    )  # fmt: skip
-                    before, after = self.live.local(change, [e.oid for e in events], op.req)
-                    touched = (change.objects, change.requests)
-            except Exception as exc:
-                self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
-            if contract:  # judged on the adapter's observation, every invariant, as the full check of a step
-                self.live = KeptObservation(answer)
+            if agreed is not None and self.kept is not None:
+                answer = self.kept.now()  # the child found the kept state equal to the observation; replaced later
+        if self.kept is not None and isinstance(delta, ObservationDelta) and isinstance(answer, Observation):
+            judged = self._compared(index, op, raw, events, delta, answer, agreed, predicted)
+        elif self.kept is not None and isinstance(answer, ObservationDelta):
+            judged = self._delta(index, op, raw, events, answer)
+        else:
+            judged, then = self._full(index, op, raw, events, answer, delta, then)
+        return self._judge(index, op, predicted, raw, events, judged, then)
+
+    def _full(
+        self,
+        index: int,
+        op: Op,
+        raw: object,
+        events: object,
+        answer: object,
+        delta: object,
+        then: Callable[[Observation], Op] | None,
+    ) -> tuple[_Judged, Callable[[Observation], Op] | None]:
+        """A step answered with the adapter's whole observation: judged on it; a kept state restarts from it."""
+        wrong = malformed(raw, events, answer)
+        if delta is not None and not isinstance(delta, ObservationDelta):
+            wrong.append(f"observe_delta() returned {_short(delta)}, not an ObservationDelta or None")
+        if wrong:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
+        assert isinstance(answer, Observation)
+        if then is not None and self.sends_ahead:
+            then = self._send_ahead(then, answer)
+        if self.kept is not None:  # the adapter gave no delta: the kept state is the observation from here on
+            self.kept = KeptObservation(answer)
             self.since_full = 0
             self.tally.full_checks += 1
-        elif isinstance(answer, ObservationDelta) and self.live is not None:
-            wrong = malformed_delta(raw, events, answer)
-            if wrong:
-                self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
-            assert isinstance(raw, Outcome) and isinstance(events, list)
-            try:
-                change = self.live.apply(answer)
-                before, after = self.live.local(change, [e.oid for e in events], op.req)
-            except Exception as exc:  # well-typed at the top, yet it cannot be applied (an unhashable oid, say)
-                self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
-            touched = (change.objects, change.requests)
-            self.since_full += 1
-        else:
-            wrong = malformed(raw, events, answer)
-            if delta is not None and not isinstance(delta, ObservationDelta):
-                wrong.append(f"observe_delta() returned {_short(delta)}, not an ObservationDelta or None")
-            if wrong:
-                self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
-            assert isinstance(raw, Outcome) and isinstance(events, list) and isinstance(answer, Observation)
-            before, after = self.obs, answer
-            if then is not None and self.sends_ahead:
-                then = self._send_ahead(then, answer)
-            if self.live is not None:
-                if isinstance(delta, ObservationDelta):
-                    wrong = malformed_delta(raw, events, delta)
-                    if wrong:
-                        self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
-                    try:
-                        before = self.live.apply(delta).before
-                    except Exception as exc:
-                        self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
-                    kept = self.live.now()
-                    contract = [
-                        f"after {op}: the state kept from the adapter's deltas differs from its observation: {p}"
-                        for p in differences(kept, after)
-                    ]
-                self.live = KeptObservation(after)
-                self.since_full = 0
-                self.tally.full_checks += 1
-        outcome = raw
-        transition = Transition(
-            before, op, outcome, tuple(events), after, self.config, self.semantics, self.memory, predicted, touched
-        )
+        return _Judged(self.obs, answer), then
+
+    def _delta(self, index: int, op: Op, raw: object, events: object, delta: ObservationDelta) -> _Judged:
+        """A step between K-th steps: the delta applied to the kept state, judged on the part it touched."""
+        assert self.kept is not None
+        wrong = malformed_delta(raw, events, delta)
+        if wrong:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
+        assert isinstance(events, list)
         try:
-            results = check_transition(transition, whole)
+            change = self.kept.apply(delta)
+            before, after = self.kept.local(change, [e.oid for e in events], op.req)
+        except Exception as exc:  # well-typed at the top, yet it cannot be applied (an unhashable oid, say)
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
+        self.since_full += 1
+        return _Judged(before, after, (change.objects, change.requests))
+
+    def _compared(
+        self,
+        index: int,
+        op: Op,
+        raw: object,
+        events: object,
+        delta: ObservationDelta,
+        answer: Observation,
+        agreed: Agreed | None,
+        predicted: Step | None,
+    ) -> _Judged:
+        """A K-th step: the local part judged as on every delta step, the kept whole state compared with the
+        adapter's observation (here, or in its child: ``agreed``), and, where they agree, the invariants the
+        local part cannot judge, on it. Where they differ, every invariant judges the observation."""
+        kept = self.kept
+        assert kept is not None
+        wrong = ([] if agreed else malformed(raw, events, answer)) or malformed_delta(raw, events, delta)
+        if wrong:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"after {op}: {p}" for p in wrong]})
+        assert isinstance(raw, Outcome) and isinstance(events, list)
+        judged = _Judged(answer, answer)
+        try:
+            change = kept.apply(delta)
+            if agreed is not None:  # the child found the kept state equal to the observation: it is the observation
+                kept.extra = agreed.extra
+                answer = kept.now()
+            judged = _Judged(change.before, answer)
+            if not agreed:
+                judged.contract = [
+                    f"after {op}: the state kept from the adapter's deltas differs from its observation: {p}"
+                    for p in differences(kept.now(), answer)
+                ]
+            if not judged.contract:
+                kept.extra = answer.extra  # the deltas may leave it out: the observation's
+                judged.whole = Transition(
+                    change.before, op, raw, tuple(events), kept.now(), self.config, self.semantics, self.memory,
+                    predicted,
+                )  # fmt: skip
+                judged.before, judged.after = kept.local(change, [e.oid for e in events], op.req)
+                judged.touched = (change.objects, change.requests)
+        except Exception as exc:
+            self._fail(index, op, {ADAPTER_CONTRACT: [f"the delta after {op} cannot be applied: {exc!r}"]})
+        if judged.contract:  # judged on the adapter's observation, every invariant, as the full check of a step
+            self.kept = KeptObservation(answer)
+        self.since_full = 0
+        self.tally.full_checks += 1
+        return judged
+
+    def _judge(
+        self,
+        index: int,
+        op: Op,
+        predicted: Step | None,
+        outcome: object,
+        events: object,
+        judged: _Judged,
+        then: Callable[[Observation], Op] | None,
+    ) -> Outcome:
+        """Every invariant on the step (and on the whole state where ``judged.whole`` says); the coverage counted;
+        the state the step left kept as the next step's before; ``then`` asked for the next op."""
+        assert isinstance(outcome, Outcome) and isinstance(events, list)
+        transition = Transition(
+            judged.before, op, outcome, tuple(events), judged.after, self.config, self.semantics, self.memory,
+            predicted, judged.touched,
+        )  # fmt: skip
+        try:
+            results = check_transition(transition, judged.whole)
         except Exception as exc:  # well-typed, yet the values cannot be judged (an unhashable oid, say)
             self._fail(index, op, {ADAPTER_CONTRACT: [f"what the adapter showed after {op} cannot be judged: {exc!r}"]})
         self.tally.steps += 1
         self._cover(transition)
         self.tally.checked[ADAPTER_CONTRACT] += 1
         failures = self._judged(results)
-        if contract:
-            failures[ADAPTER_CONTRACT] = contract
+        if judged.contract:
+            failures[ADAPTER_CONTRACT] = judged.contract
         if failures:
             self._fail(index, op, failures)
-        if self.live is not None:
-            after = self.live.now()
+        after = judged.after if self.kept is None else self.kept.now()
         if self.tally.states is not None:
             self.tally.states.add(abstract_state(self.config, after))
         self.obs = after
@@ -326,7 +391,8 @@ class Harness:
     def _send_ahead(self, then: Callable[[Observation], Op], answer: Observation) -> Callable[[Observation], Op]:
         """Ask ``then`` for the next op on the adapter's (well-formed, not yet judged) ``answer`` and send it to the
         child now; what ``step`` asks once the step is judged: that op (or what ``then`` raised, raised only
-        then, where it would have been raised without sending ahead)."""
+        then, where it would have been raised without sending ahead). Bad input that the kit answers itself is
+        not sent: its step answers it without the adapter, from this very state."""
         assert isinstance(self.adapter, IsolatedAdapter)
         try:
             upcoming = then(answer)
@@ -337,6 +403,12 @@ class Harness:
                 raise failed
 
             return reraise
+        if self.kit_validates:
+            try:
+                validate(upcoming, answer, self.config, self.semantics)
+            except SpecError:
+                return lambda _: upcoming
+            self._validated = upcoming  # valid on the state its step starts from: not validated again there
         self.adapter.send_ahead(upcoming)
         return lambda _: upcoming
 
@@ -357,7 +429,7 @@ class Harness:
         the state invariants on it (an adapter in a child process compares there, adapters/kept.py: where
         they agree, only that crosses, and the invariants judge the kept state, equal to the observation).
         Nothing to do when every step was judged whole, or after a violation."""
-        if self.live is None or self.since_full == 0 or self.broken or not self.ops:
+        if self.kept is None or self.since_full == 0 or self.broken or not self.ops:
             return
         index, op = len(self.ops) - 1, self.ops[-1]
         agreed: Agreed | None = None
@@ -374,15 +446,15 @@ class Harness:
             self._fail(index, op, {ADAPTER_CONTRACT: [f"observe() at the end of the example {_raised(exc)}"]})
         contract: list[str] = []
         if agreed is not None:
-            self.live.extra = agreed.extra
-            full = self.live.now()
+            self.kept.extra = agreed.extra
+            full = self.kept.now()
         else:
             wrong = malformed(Outcome.ok(), [], full)
             if wrong:
                 self._fail(index, op, {ADAPTER_CONTRACT: [f"at the end of the example: {p}" for p in wrong]})
             contract = [
                 f"at the end of the example: the state kept from the adapter's deltas differs from its observation: {p}"
-                for p in differences(self.live.now(), full)
+                for p in differences(self.kept.now(), full)
             ]
         assert isinstance(full, Observation)
         t = Transition(full, op, Outcome.ok(), (), full, self.config, self.semantics, self.memory)
@@ -394,10 +466,10 @@ class Harness:
         failures = self._judged(results)
         if contract:
             failures[ADAPTER_CONTRACT] = contract
-            self.live = KeptObservation(full)
+            self.kept = KeptObservation(full)
         else:  # equal in every field compared; the deltas may leave extra out: the observation's
-            self.live.extra = full.extra
-        self.obs = self.live.now()
+            self.kept.extra = full.extra
+        self.obs = self.kept.now()
         self.since_full = 0
         if failures:
             self._fail(index, op, failures)

@@ -1,6 +1,8 @@
-"""Live conformance: drive a running vLLM server and judge its event stream with the spec's stream checks.
+"""Live conformance: drive a running server and judge what it published with the spec's stream checks.
 
-Two modes, each a driver that records what the server shows (:mod:`kvspec.adapters.vllm_live`):
+The runner is typed to the :class:`~kvspec.adapter.LiveAdapter` protocol, so any server with an adapter
+that implements it is driven the same way (the kit's own: :mod:`kvspec.adapters.vllm_live`). Two modes,
+each a driver that the adapter records:
 
 - exact: sequential completions built to share prefixes - cold prompts, a family member that keeps
   some whole blocks of an earlier prompt, a fork at an unaligned token, an exact repeat, a
@@ -29,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvspec.adapters.vllm_live.adapter import ServerInfo, VllmLiveAdapter
-from kvspec.adapters.vllm_live.server import ServerStartError
+from kvspec.adapter import LiveAdapter, ServerInfo, ServerStartError
 from kvspec.report import ExitCode, Report, Row, Status, now, rows
 from kvspec.spec.stream import STREAM_INVARIANTS, StreamResult
 
@@ -161,7 +162,7 @@ class ExactDriver:
 
     OPS = ("cold", "family", "fork", "repeat", "continue", "reset")
 
-    def __init__(self, adapter: VllmLiveAdapter, server: ServerInfo, rng: random.Random, max_new: int) -> None:
+    def __init__(self, adapter: LiveAdapter, server: ServerInfo, rng: random.Random, max_new: int) -> None:
         self.adapter, self.server, self.rng, self.max_new = adapter, server, rng, max_new
         self.history: list[tuple[list[int], list[int]]] = []  # (prompt, output)
         self.coverage: Counter[str] = Counter()
@@ -206,7 +207,7 @@ class ExactDriver:
             self.coverage["exact hits"] += 1
 
 
-def run_exact(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile, rng: random.Random) -> Counter[str]:
+def run_exact(adapter: LiveAdapter, server: ServerInfo, profile: LiveProfile, rng: random.Random) -> Counter[str]:
     """Send ``profile.exact_requests`` sequential requests; read the gauges (idle) every ten."""
     driver = ExactDriver(adapter, server, rng, profile.max_new_tokens)
     for i in range(profile.exact_requests):
@@ -219,7 +220,7 @@ def run_exact(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile
 # -- load mode ------------------------------------------------------------------------------
 
 
-def run_load(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile, rng: random.Random) -> Counter[str]:
+def run_load(adapter: LiveAdapter, server: ServerInfo, profile: LiveProfile, rng: random.Random) -> Counter[str]:
     """Each burst at once, gauges read (idle) before and after; preemptions counted from the counter."""
     coverage: Counter[str] = Counter()
     vocab, longest = server.vocab_size, server.max_model_len
@@ -231,10 +232,10 @@ def run_load(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile,
             for _ in range(burst.requests)
         ]
         adapter.settle()
-        before = adapter.snapshot(idle=True).get("vllm:num_preemptions_total") or 0.0
+        before = adapter.preemptions_total() or 0.0
         records = adapter.complete_many(prompts, burst.max_tokens)
         adapter.settle()
-        after = adapter.snapshot(idle=True).get("vllm:num_preemptions_total") or 0.0
+        after = adapter.preemptions_total() or 0.0
         coverage[f"load {burst.name} requests"] += len(records)
         coverage[f"load {burst.name} preemptions"] += int(after - before)
         coverage["load hits"] += sum(1 for r in records if r.get("cached_tokens"))
@@ -245,7 +246,7 @@ def run_load(adapter: VllmLiveAdapter, server: ServerInfo, profile: LiveProfile,
 
 
 def run_live(
-    adapter: VllmLiveAdapter,
+    adapter: LiveAdapter,
     *,
     profile: LiveProfile,
     seed: int | None = None,
@@ -301,7 +302,8 @@ def run_live(
         if not result.stream.held:
             result.status = "violated"
             result.findings += result.stream.violations[:10]
-            result.cases.append(str(save_log(adapter.recorder.records, cases_dir, result.stream.violated[0])))
+            violated = result.stream.violated[0]
+            result.cases.append(str(save_log(adapter.records(), cases_dir, violated, adapter.name)))
     except ServerStartError as exc:
         result.status, result.error = "error", f"the server did not come up: {exc}"
     except KeyboardInterrupt:
@@ -314,10 +316,10 @@ def run_live(
     return result
 
 
-def save_log(records: list[dict[str, Any]], directory: Path, invariant: str) -> Path:
-    """Write a recorded log as a case file (JSON lines), named by the broken invariant and a digest."""
+def save_log(records: list[dict[str, Any]], directory: Path, invariant: str, name: str = "vllm-live") -> Path:
+    """Write a recorded log as a case file (JSON lines), named by the adapter, the broken invariant and a digest."""
     directory.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r) + "\n" for r in records)
-    path = directory / f"vllm-live-{invariant}-{hashlib.sha256(text.encode()).hexdigest()[:10]}.jsonl"
+    path = directory / f"{name}-{invariant}-{hashlib.sha256(text.encode()).hexdigest()[:10]}.jsonl"
     path.write_text(text)
     return path

@@ -12,11 +12,11 @@ ranges as the machine draws it.
 
 Every step goes through the same :class:`~.harness.Harness` (the spec's prediction, the
 adapter in its child process, every invariant). A failure is handled as the Hypothesis
-engine handles its shrunk one (``conformance._record_failure``): replayed on a fresh
-adapter, minimised by replay (``conformance.minimize_ops``: ops dropped one at a time
+engine handles its shrunk one (the findings pipeline, findings.py): replayed on a fresh
+adapter, minimised by replay (``findings.minimize_ops``: ops dropped one at a time
 while the same invariant still breaks), saved as a case; with an example database it is
 also kept there (``kept_cases``), and the Hypothesis engine replays it before anything
-else. The result is the engine's :class:`~.conformance.Result`: the same report, the
+else. The result is the engine's :class:`~.findings.Result`: the same report, the
 same exit codes.
 """
 
@@ -30,28 +30,16 @@ from pathlib import Path
 from typing import cast
 
 from kvspec.adapter import Adapter, AdapterFactory, Capabilities
-from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
-from kvspec.report import now
 from kvspec.spec import Config, Observation, Op
-from kvspec.spec.invariants import PolicyQuality
 from kvspec.spec.ops import OpKind, bad_input_kinds
 
 from .case_db import keep_case
-from .conformance import (
-    Profile,
-    Result,
-    _keep_what_was_found,
-    _quality_finding,
-    _record_failure,
-    _record_failures,
-    _record_hang,
-    applicable_invariants,
-    replay_ops,
-)
 from .example_db import ExampleDbError, ExampleDbLocation, open_example_db
-from .harness import AdapterHung, Harness, Tally, Violation
+from .findings import Result, Search, run_search
+from .harness import Harness, Tally, Violation
 from .machine import bad_op, max_prompt_tokens, ready_contracts, unknown_request
+from .options import Options, Profile
 from .strategies import COLD_BASE
 
 MOVES: tuple[str, ...] = (
@@ -277,121 +265,83 @@ def walk_seed(seed: int, number: int) -> str:
 
 def run_swarm(
     factory: AdapterFactory,
-    *,
     name: str,
-    profile: Profile,
-    seed: int | None = None,
-    max_examples: int | None = None,
-    cases_dir: Path = Path(".kvspec/cases"),
-    step_timeout: float | None = 30.0,
-    progress: Callable[[Tally], None] | None = None,
-    extra_cases: Sequence[Case] = (),
-    refine: bool = True,
+    options: Options,
+    *,
     adapter: Adapter | None = None,
-    isolate: bool = True,
-    example_db: ExampleDbLocation | None = None,
-    time_budget_s: float | None = None,
-    ignore: frozenset[str] = frozenset(),
-    keep_going: bool = False,
+    extra_cases: Sequence[Case] = (),
+    progress: Callable[[Tally], None] | None = None,
     states: set[Hashable] | None = None,
-    full_check_every: int | None = None,
 ) -> Result:
-    """Check one adapter with ``max_examples`` (default: the profile's) swarm walks of ``profile.step_count`` ops.
+    """Check one adapter with ``options.max_examples`` (default: the profile's) swarm walks of the profile's
+    ``step_count`` ops.
 
-    The arguments mean what they mean to ``conformance.run_check``. ``seed`` None: 0 under a derandomized
-    profile (ci), a drawn one otherwise; the report names it and ``--seed`` replays the run. ``example_db``:
-    each case a failure leaves is kept there (``kept_cases``) for the Hypothesis engine to replay first.
-    ``states``: a set that collects the distinct abstract states reached (``harness.abstract_state``).
+    The arguments mean what they mean to ``hypothesis_engine.run_check``. ``options.seed`` None: 0 under a
+    derandomized profile (ci), a drawn one otherwise; the report names it and ``--seed`` replays the run.
+    ``options.example_db``: each case a failure leaves is kept there (``case_db``) for the Hypothesis engine to
+    replay first. ``states``: a set that collects the distinct abstract states reached (``harness.abstract_state``).
     """
-    t0 = time.perf_counter()
+    seed = options.seed
     if seed is None:
-        seed = 0 if profile.derandomize else random.SystemRandom().getrandbits(32)
-    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
-    every = full_check_every or profile.full_check_every
-    tally = Tally(ignored=ignore, deadline=deadline, states=states, full_check_every=every)
-    quality = PolicyQuality()
-    result = Result(name, "", profile.name, seed, now(), tally, time_budget_s=time_budget_s, engine="swarm")
-    make: AdapterFactory = isolated(factory, step_timeout) if isolate else factory
-    walks = max_examples or profile.max_examples
-    done = 0
+        seed = 0 if options.profile.derandomize else random.SystemRandom().getrandbits(32)
+    walks = Walks(options.max_examples or options.profile.max_examples, seed, states, options, name)
+
+    def explore(search: Search) -> None:
+        search.result.given_cases = len(extra_cases)
+        if not search.replay(extra_cases):
+            walks.run(search, progress)
+
+    return run_search(
+        factory, name, options, explore, engine="swarm", seed=seed, adapter=adapter, states=states, finish=walks.finish
+    )
+
+
+@dataclass
+class Walks:
+    """A run's walks: how many, from which seed; how many were done and the swarm of the first that failed."""
+
+    total: int
+    seed: int
+    states: set[Hashable] | None
+    options: Options
+    name: str
+    done: int = 0
     failing: Swarm | None = None
-    try:
-        try:
-            if adapter is None:
-                adapter = make()
-            caps = adapter.capabilities
-            result.adapter_version = caps.version
-            result.applicable = applicable_invariants(adapter, refine)
-            result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
-            result.given_cases = len(extra_cases)
-            found: list[Violation] = []  # keep_going: each distinct first invariant's failure, in order found
-            for case in extra_cases:
-                violation = replay_ops(adapter, case.config, case.ops, tally, refine=refine)
-                if violation is not None and not keep_going:
-                    _record_failure(result, make, case.config, case.ops, violation, cases_dir, name, refine)
-                    return result
-                if violation is not None:
-                    violation.config = case.config
-                    found.append(violation)
-            for number in range(walks):
-                if deadline is not None and time.monotonic() >= deadline:
-                    result.budget_spent = True
-                    break
-                walker: Walker | None = None
-                try:
-                    walker = Walker(adapter, caps, tally, profile, random.Random(walk_seed(seed, number)), refine)
-                    walker.walk(profile.step_count)
-                except Violation as violation:
-                    failing = failing or (walker.swarm if walker is not None else None)
-                    if not keep_going:
-                        _record_failure(
-                            result,
-                            make,
-                            violation.config or Config(),
-                            violation.ops,
-                            violation,
-                            cases_dir,
-                            name,
-                            refine,
-                        )
-                        return result
-                    if violation.invariant not in {v.invariant for v in found}:
-                        found.append(violation)
-                finally:
-                    done += 1
-                    if walker is not None:
-                        quality.merge(walker.harness.memory.quality)
-                    if progress is not None:
-                        progress(tally)
-            if found:
-                _record_failures(result, make, found, cases_dir, name, refine)
-        except AdapterHung as hung:
-            _record_hang(result, hung, cases_dir)
-    except KeyboardInterrupt:
-        result.status, result.error = "interrupted", "interrupted"
-        _keep_what_was_found(result, cases_dir)
-    except Exception as exc:  # the adapter could not be built or reset: the check could not run
-        result.status = "error"
-        result.error = f"{type(exc).__name__}: {exc}"
-    finally:
+
+    def run(self, search: Search, progress: Callable[[Tally], None] | None) -> None:
+        """Walk until the last walk, the time budget, or a failure that ends the search."""
+        caps, tally, deadline = search.adapter.capabilities, search.tally, search.tally.deadline
+        for number in range(self.total):
+            if deadline is not None and time.monotonic() >= deadline:
+                search.result.budget_spent = True
+                return
+            walker: Walker | None = None
+            try:
+                rng = random.Random(walk_seed(self.seed, number))
+                walker = Walker(search.adapter, caps, tally, search.profile, rng, search.options.refine)
+                walker.walk(search.profile.step_count)
+            except Violation as violation:
+                self.failing = self.failing or (walker.swarm if walker is not None else None)
+                if search.failed(violation):
+                    return
+            finally:
+                self.done += 1
+                if walker is not None:
+                    search.quality.merge(walker.harness.memory.quality)
+                if progress is not None:
+                    progress(tally)
+
+    def finish(self, result: Result) -> None:
+        """The swarm's section of the report, and every saved case kept in the example database."""
         result.sections = {
             "swarm": {
-                "walks": done,
-                "steps_per_walk": profile.step_count,
-                "failing_swarm": None if failing is None else failing.to_json(),
-                "abstract_states": None if states is None else len(states),
+                "walks": self.done,
+                "steps_per_walk": self.options.profile.step_count,
+                "failing_swarm": None if self.failing is None else self.failing.to_json(),
+                "abstract_states": None if self.states is None else len(self.states),
             }
         }
-        _keep(result, example_db, name)
-        if quality.steps and adapter is not None:
-            result.findings.append(_quality_finding(adapter, quality))
-        if adapter is not None:
-            try:
-                adapter.close()
-            except Exception as exc:
-                result.findings.append({"kind": "close", "message": f"adapter.close() raised {exc!r}"})
-        result.duration_s = time.perf_counter() - t0
-    return result
+        _keep(result, self.options.example_db, self.name)
 
 
 def _keep(result: Result, example_db: ExampleDbLocation | None, name: str) -> None:
@@ -411,4 +361,4 @@ def _keep(result: Result, example_db: ExampleDbLocation | None, name: str) -> No
             result.findings.append({"kind": "example_db", "message": f"case {path} not kept: {exc}"})
 
 
-__all__ = ["MOVES", "SHAPES", "Swarm", "Walker", "draw_config", "draw_swarm", "run_swarm", "walk_seed"]
+__all__ = ["MOVES", "SHAPES", "Swarm", "Walker", "Walks", "draw_config", "draw_swarm", "run_swarm", "walk_seed"]

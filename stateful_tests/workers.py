@@ -39,8 +39,9 @@ from kvspec.adapters.isolation import IsolatedAdapter, track, untrack
 from kvspec.report import Report
 from kvspec.report_merge import merge_reports, report_from_json
 
-from .conformance import PROFILES
-from .dispatch import Options, check_adapter, not_started
+from .dispatch import check_adapter
+from .findings import not_started
+from .options import Options
 
 SEED_BITS = 32
 
@@ -57,7 +58,7 @@ def base_seed(options: Options) -> int:
     """The run's seed ``s``: the given one; else 0 under a derandomized profile, a drawn one otherwise."""
     if options.seed is not None:
         return options.seed
-    return 0 if PROFILES[options.profile].derandomize else random.SystemRandom().getrandbits(SEED_BITS)
+    return 0 if options.profile.derandomize else random.SystemRandom().getrandbits(SEED_BITS)
 
 
 def _work(factory: AdapterFactory, name: str, options: Options, conn: Connection) -> None:
@@ -152,7 +153,7 @@ def run_workers(factory: AdapterFactory, name: str, options: Options, workers: i
         ordered,
         seed=seed,
         duration_s=time.perf_counter() - t0,
-        title=f"kvspec check: adapter {name} {ordered[0].adapter_version}, profile {options.profile}, "
+        title=f"kvspec check: adapter {name} {ordered[0].adapter_version}, profile {options.profile.name}, "
         f"seed {seed}, {workers} workers, engine {options.engine}",
         label="worker",
     )

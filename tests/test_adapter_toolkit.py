@@ -13,7 +13,7 @@ from kvspec.adapters.reference_paged import ReferenceNewestAdapter, ReferencePag
 from kvspec.spec import Config, ObjectView, Observation, Op, Outcome, Semantics
 from kvspec.spec.invariants import KeyMemory, Transition, check_transition
 from kvspec.spec.ledger import LedgerModel
-from kvspec.stateful_tests import PROFILES, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Options, replay_ops, run_check
 from kvspec.stateful_tests.bad_inputs import bad_input_cases
 
 
@@ -98,7 +98,7 @@ class _NoDropOnRelease(ReferencePagedAdapter):
 
 def test_a_declined_op_is_never_drawn_and_every_check_still_runs(tmp_path: Path) -> None:
     result = run_check(
-        _NoDropOnRelease, name="no-drop", profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path, isolate=False
+        _NoDropOnRelease, "no-drop", Options(profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path, isolate=False)
     )
     assert result.exit_code == 0, result.failure
     rows = {row["name"]: row for row in result.report().verdicts()}

@@ -25,7 +25,7 @@ from kvspec.spec.formal.goals import GOALS, reach
 from kvspec.spec.formal.parametric import check_refinement, prove_every_n
 from kvspec.spec.formal.symbolic import SEMANTICS, Bounds, Encoding, SymTransition
 from kvspec.spec.ledger import LedgerModel
-from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Case, Options, replay_ops, run_check
 from kvspec.stateful_tests.bounded import DEFAULT_BOUNDS, DEFAULT_DEPTH, coverage_cases, generate, load
 
 SMALL = Bounds(blocks=3, requests=2)
@@ -144,13 +144,13 @@ def test_coverage_cases_are_filtered_by_the_adapters_operations() -> None:
 def test_check_replays_the_scenarios_before_the_random_phase_and_they_catch_a_bug() -> None:
     cases = coverage_cases()
     clean = run_check(
-        ReferencePagedAdapter, name="reference", profile=PROFILES["ci"], max_examples=2, extra_cases=cases
+        ReferencePagedAdapter, "reference", Options(profile=PROFILES["ci"], max_examples=2), extra_cases=cases
     )
     assert clean.status == "passed"
     assert clean.tally.steps >= sum(len(c.ops) for c in cases)
     seeded = next(b for b in PAGED_BUGS if b.name == "evict-referenced")
     caught = run_check(
-        seeded.factory, name="evict-referenced", profile=PROFILES["ci"], max_examples=2, extra_cases=cases
+        seeded.factory, "evict-referenced", Options(profile=PROFILES["ci"], max_examples=2), extra_cases=cases
     )
     assert caught.status == "violated"
     assert caught.tally.examples <= len(cases), "caught by a Z3 scenario, before the random phase"

@@ -7,12 +7,14 @@ from pathlib import Path
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.reference.paged import PagedPrefixCache
 from kvspec.spec import Config, Op
-from kvspec.stateful_tests import PROFILES, Case, run_check
+from kvspec.stateful_tests import PROFILES, Case, Options, run_check
 
 
 def test_ci_profile_is_deterministic(tmp_path: Path) -> None:
     runs = [
-        run_check(ReferencePagedAdapter, name="reference", profile=PROFILES["ci"], max_examples=40, cases_dir=tmp_path)
+        run_check(
+            ReferencePagedAdapter, "reference", Options(profile=PROFILES["ci"], max_examples=40, cases_dir=tmp_path)
+        )
         for _ in range(2)
     ]
     assert runs[0].tally.steps == runs[1].tally.steps > 0
@@ -22,7 +24,9 @@ def test_ci_profile_is_deterministic(tmp_path: Path) -> None:
 def test_seed_changes_the_examples(tmp_path: Path) -> None:
     a, b = (
         run_check(
-            ReferencePagedAdapter, name="reference", profile=PROFILES["ci"], seed=s, max_examples=40, cases_dir=tmp_path
+            ReferencePagedAdapter,
+            "reference",
+            Options(profile=PROFILES["ci"], seed=s, max_examples=40, cases_dir=tmp_path),
         )
         for s in (1, 2)
     )
@@ -57,7 +61,7 @@ class BuggyOnce(ReferencePagedAdapter):
 
 def test_a_failure_that_does_not_replay_is_reported_as_flaky(tmp_path: Path) -> None:
     BuggyOnce.counter = tmp_path / "built"
-    result = run_check(BuggyOnce, name="buggy-once", profile=PROFILES["ci"], cases_dir=tmp_path, refine=False)
+    result = run_check(BuggyOnce, "buggy-once", Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=False))
     assert result.exit_code == 1
     assert any(f["kind"] == "flaky" for f in result.findings), result.findings
     assert result.cases and Path(result.cases[0]).exists()
@@ -74,9 +78,8 @@ def test_given_cases_run_before_the_random_phase(tmp_path: Path) -> None:
     case = Case("leaky", Config(capacity=4, block_size=2), [Op("admit", "r0", (1, 2, 3)), Op("release", "r0")])
     result = run_check(
         lambda: ReferencePagedAdapter(lambda c: LeakyPool(c.capacity, c.block_size)),
-        name="leaky",
-        profile=PROFILES["ci"],
-        cases_dir=tmp_path,
+        "leaky",
+        Options(profile=PROFILES["ci"], cases_dir=tmp_path),
         extra_cases=[case],
     )
     assert result.exit_code == 1
@@ -90,9 +93,8 @@ def test_a_cases_dir_given_as_a_string_keeps_the_case(tmp_path: Path) -> None:
     folder = tmp_path / "cases"
     result = run_check(
         lambda: ReferencePagedAdapter(lambda c: LeakyPool(c.capacity, c.block_size)),
-        name="leaky",
-        profile=PROFILES["ci"],
-        cases_dir=str(folder),
+        "leaky",
+        Options(profile=PROFILES["ci"], cases_dir=str(folder)),
         extra_cases=[case],
     )
     assert result.exit_code == 1

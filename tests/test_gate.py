@@ -215,17 +215,19 @@ def test_the_example_database_replays_a_failure_first(tmp_path: Path) -> None:
     """A counterexample found once is tried first by the next run, whatever that run's seed."""
     from seeded_bugs import ShareCopies, _paged
 
-    from kvspec.stateful_tests import PROFILES, run_check
+    from kvspec.stateful_tests import PROFILES, Options, run_check
 
     def check(seed: int) -> Any:
         return run_check(
             _paged(ShareCopies),
-            name="share-copies",
-            profile=PROFILES["thorough"],
-            seed=seed,
-            max_examples=300,
-            cases_dir=tmp_path / "cases",
-            example_db=tmp_path / "db",
+            "share-copies",
+            Options(
+                profile=PROFILES["thorough"],
+                seed=seed,
+                max_examples=300,
+                cases_dir=tmp_path / "cases",
+                example_db=tmp_path / "db",
+            ),
         )
 
     first = check(1)

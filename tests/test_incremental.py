@@ -33,7 +33,7 @@ from kvspec.spec.delta import KeptObservation, differences
 from kvspec.spec.invariants import ADAPTER_CONTRACT
 from kvspec.spec.invariants.ranking import CandidateRanking
 from kvspec.spec.ledger import BlockLedger
-from kvspec.stateful_tests import PROFILES, Harness, Tally, Violation, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, Tally, Violation, replay_ops, run_check
 from kvspec.stateful_tests.swarm import run_swarm
 
 ADAPTERS = [
@@ -206,7 +206,7 @@ def test_an_agreeing_kth_step_sends_no_observation_over_the_pipe() -> None:
         harness.finish()
         at_end = adapter.bytes_received - start
         full = adapter.observe()
-    assert harness.live is not None and not differences(harness.live.now(), full)
+    assert harness.kept is not None and not differences(harness.kept.now(), full)
     whole = len(pickle.dumps(full))
     assert len(full.objects) > 700 and whole > 40_000
     kth = crossed[k - 1 :: k]
@@ -225,7 +225,7 @@ def test_k1_never_asks_for_a_delta() -> None:
     for op in _bystander_ops():
         harness.step(op)
     harness.finish()
-    assert harness.live is None and harness.tally.full_checks == 0
+    assert harness.kept is None and harness.tally.full_checks == 0
 
 
 @pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
@@ -234,12 +234,8 @@ def test_incremental_run_checks_every_step_and_the_whole_state_every_k(isolate: 
     whole-state ones on the full checks only (in a child process the deltas cross the pipe)."""
     result = run_check(
         ReferencePagedAdapter,
-        name="reference",
-        profile=PROFILES["ci"],
-        max_examples=30,
-        cases_dir=tmp_path,
-        isolate=isolate,
-        full_check_every=5,
+        "reference",
+        Options(profile=PROFILES["ci"], max_examples=30, cases_dir=tmp_path, isolate=isolate, full_check_every=5),
     )
     assert result.exit_code == 0, result.error
     tally = result.tally
@@ -255,7 +251,7 @@ def test_incremental_run_finds_a_seeded_bug_through_its_invariant(tmp_path: Path
     """The bug outside the delta, searched with K=4: found, named by ref_count_matches_references."""
     bug = by_name("bystander-reference")
     result = run_check(
-        bug.factory, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4
+        bug.factory, bug.name, Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4)
     )
     assert result.exit_code == 1
     assert isinstance(result.failure, Violation) and result.failure.invariant == bug.invariant
@@ -316,7 +312,7 @@ def test_swarm_engine_with_k_finds_the_bug_outside_the_delta(tmp_path: Path) -> 
     (under the same K) is named by the bug's invariant and replays under that K."""
     bug = by_name("bystander-reference")
     result = run_swarm(
-        bug.factory, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4
+        bug.factory, bug.name, Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4)
     )
     assert result.exit_code == 1 and result.tally.full_checks > 0
     assert result.failure is not None and result.failure_config is not None
@@ -343,9 +339,9 @@ def test_candidates_kept_ranked_across_delta_steps_equal_a_ranking_of_the_whole_
         kept = harness.memory.ranking
         if kept is None:
             continue
-        assert harness.live is not None
+        assert harness.kept is not None
         fresh = CandidateRanking(kept.order, kept.block_size, kept.protect_min_hits)
-        fresh.rebuild(harness.live.objects, harness.memory)
+        fresh.rebuild(harness.kept.objects, harness.memory)
         assert (kept.features, kept.unjudgeable, kept.content, kept.children) == (
             fresh.features, fresh.unjudgeable, fresh.content, fresh.children,
         ), (n, op)  # fmt: skip

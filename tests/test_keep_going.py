@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_a
 from seeded_bugs import DropsEntryOnFree, ShortChain
 
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
-from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Case, Options, replay_ops, run_check
 from kvspec.stateful_tests.rounds import derandomized_seed
 
 
@@ -26,10 +26,12 @@ def two_bugs() -> ReferencePagedAdapter:
 
 
 def test_keep_going_reports_each_violated_invariant_once_with_its_own_replayable_case(tmp_path: Path) -> None:
-    stopped = run_check(two_bugs, name="two-bugs", profile=PROFILES["ci"], cases_dir=tmp_path / "first")
+    stopped = run_check(two_bugs, "two-bugs", Options(profile=PROFILES["ci"], cases_dir=tmp_path / "first"))
     assert stopped.exit_code == 1 and len(stopped.cases) == 1
 
-    result = run_check(two_bugs, name="two-bugs", profile=PROFILES["ci"], cases_dir=tmp_path / "all", keep_going=True)
+    result = run_check(
+        two_bugs, "two-bugs", Options(profile=PROFILES["ci"], cases_dir=tmp_path / "all", keep_going=True)
+    )
     assert result.exit_code == 1
     assert result.failure is not None
     named = [result.failure.invariant, *(v.invariant for v, _, _ in result.more_failures)]
@@ -69,9 +71,9 @@ def test_the_cli_takes_keep_going(tmp_path: Path) -> None:
 
 def test_a_random_run_names_its_seed_and_the_seed_replays_it(tmp_path: Path) -> None:
     profile = dataclasses.replace(PROFILES["thorough"], max_examples=5, step_count=5)
-    first = run_check(ReferencePagedAdapter, name="reference", profile=profile, cases_dir=tmp_path)
+    first = run_check(ReferencePagedAdapter, "reference", Options(profile=profile, cases_dir=tmp_path))
     assert isinstance(first.seed, int) and first.report().to_json()["seed"] == first.seed
-    again = run_check(ReferencePagedAdapter, name="reference", profile=profile, cases_dir=tmp_path, seed=first.seed)
+    again = run_check(ReferencePagedAdapter, "reference", Options(profile=profile, cases_dir=tmp_path, seed=first.seed))
     assert again.tally.coverage == first.tally.coverage
 
 
@@ -103,16 +105,18 @@ def test_the_derandomized_seed_draws_what_a_derandomized_run_draws() -> None:
 
 def test_the_ci_profile_names_its_seed_and_the_seed_replays_it(tmp_path: Path) -> None:
     ci = dataclasses.replace(PROFILES["ci"], max_examples=5, step_count=5)
-    first = run_check(ReferencePagedAdapter, name="reference", profile=ci, cases_dir=tmp_path)
+    first = run_check(ReferencePagedAdapter, "reference", Options(profile=ci, cases_dir=tmp_path))
     assert first.derandomized and isinstance(first.seed, int) and first.report().to_json()["seed"] == first.seed
     thorough = dataclasses.replace(PROFILES["thorough"], max_examples=5, step_count=5)
-    again = run_check(ReferencePagedAdapter, name="reference", profile=thorough, cases_dir=tmp_path, seed=first.seed)
+    again = run_check(
+        ReferencePagedAdapter, "reference", Options(profile=thorough, cases_dir=tmp_path, seed=first.seed)
+    )
     assert again.tally.coverage == first.tally.coverage and again.seed == first.seed
 
 
 def test_the_report_carries_the_time_to_the_first_failure(tmp_path: Path) -> None:
-    result = run_check(two_bugs, name="two-bugs", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40)
+    result = run_check(two_bugs, "two-bugs", Options(profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40))
     seconds = result.report().to_json()["seconds_to_first_failure"]
     assert isinstance(seconds, float) and 0 < seconds <= result.duration_s
-    clean = run_check(ReferencePagedAdapter, name="reference", profile=PROFILES["ci"], max_examples=5)
+    clean = run_check(ReferencePagedAdapter, "reference", Options(profile=PROFILES["ci"], max_examples=5))
     assert clean.report().to_json()["seconds_to_first_failure"] is None

@@ -13,7 +13,7 @@ from kvspec.adapter import Adapter
 from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter, prefix_of
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
 from kvspec.spec import INVARIANTS, Config, Op
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, run_check
 
 # -- the simulator ------------------------------------------------------------------
 
@@ -229,10 +229,12 @@ def test_adapter_shares_records_and_reports_prompt_keys() -> None:
     ids=str,
 )
 def test_adapter_reports_bad_input_as_invalid_and_changes_nothing(op: Op) -> None:
+    """Bad input is answered before the simulator is called (the kit's one validation: checks_input=False)."""
     adapter = LifecycleSimAdapter(config=CONFIG)
-    adapter.apply(admit("r1", 1, 2, 3))
+    harness = Harness(adapter, CONFIG)
+    harness.step(admit("r1", 1, 2, 3))
     before, time = adapter.observe(), adapter.sim.time
-    outcome = adapter.apply(op)
+    outcome = harness.step(op)
     assert outcome.status == "invalid", outcome
     assert adapter.observe() == before and adapter.sim.time == time
     assert adapter.events() == []
@@ -268,7 +270,7 @@ def test_adapter_builds_its_simulator_through_the_factory() -> None:
 def test_adapter_conforms_to_the_spec_under_the_kits_own_check(tmp_path: Path) -> None:
     """The kit's stateful check holds every invariant, refinement included, and reaches every path."""
     result = run_check(
-        LifecycleSimAdapter, name="lifecycle-sim", profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path
+        LifecycleSimAdapter, "lifecycle-sim", Options(profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path)
     )
     assert result.status == "passed", (result.error, result.failure)
     verdicts = {row["name"]: row["verdict"] for row in result.report().verdicts()}

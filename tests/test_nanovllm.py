@@ -18,7 +18,7 @@ if __import__("importlib.util").util.find_spec("nanovllm") is None:
 
 from kvspec.adapters.nano_vllm import NanoVllmAdapter
 from kvspec.spec import Config, Op
-from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Case, Options, replay_ops, run_check
 
 CASES = Path(__file__).parent / "data" / "nanovllm"
 
@@ -79,7 +79,9 @@ def test_the_upstream_bugs_do_not_occur_on_the_pypi_package(name: str) -> None:
 
 def test_the_check_runs_in_its_child_process_and_reports_a_documented_finding(tmp_path: Path) -> None:
     """The random phase alone (no coverage cases) finds one of the two documented findings; nothing else breaks."""
-    result = run_check(NanoVllmAdapter, name="nano-vllm", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=30)
+    result = run_check(
+        NanoVllmAdapter, "nano-vllm", Options(profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=30)
+    )
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None
     assert set(result.failure.failures) <= {
@@ -121,7 +123,7 @@ def test_the_machine_draws_the_declared_repeated_free_and_nano_vllm_keeps_it(tmp
     the fork's deallocate clears the Sequence's table, so the repeat frees nothing: no safety invariant breaks."""
     assert NanoVllmAdapter().capabilities.contracts == {"release:repeated", "preempt:repeated"}
     result = run_check(
-        NanoVllmAdapter, name="nano-vllm", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40, refine=False
+        NanoVllmAdapter, "nano-vllm", Options(profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40, refine=False)
     )
     assert _contract_steps(result) > 0, result.tally.coverage
     broken = {row["name"] for row in result.report().to_json()["invariants"] if row["verdict"] == "violated"}
@@ -135,7 +137,7 @@ def test_a_seeded_bug_on_the_contract_path_is_reported(tmp_path: Path) -> None:
     assert replay_ops(NanoVllmAdapter(), Config(capacity=4, block_size=2), ops, refine=False) is None
     # The machine draws it too, and reports the contract op by name in the shrunk case.
     result = run_check(
-        FreesAgain, name="frees-again", profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=100, refine=False
+        FreesAgain, "frees-again", Options(profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=100, refine=False)
     )
     assert result.failure is not None, result.status
     assert {"non_negative_ref_counts", "ref_count_matches_references"} & set(result.failure.failures), result.failure

@@ -38,7 +38,7 @@ from kvspec.spec.policies import (
     retain_score,
     retention_score,
 )
-from kvspec.stateful_tests import PROFILES, Case, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Case, Options, replay_ops, run_check
 
 POLICY_ADAPTERS = {
     "reference": ReferencePagedAdapter,
@@ -297,7 +297,7 @@ def test_pool_side_table_and_lifecycle_log() -> None:
 def test_policy_adapter_passes_the_ci_profile(name: str, tmp_path: Path) -> None:
     """Every invariant, refinement and policy checks included, holds; the orders were exercised with a choice."""
     assert load(name) is POLICY_ADAPTERS[name]
-    result = run_check(POLICY_ADAPTERS[name], name=name, profile=PROFILES["ci"], cases_dir=tmp_path)
+    result = run_check(POLICY_ADAPTERS[name], name, Options(profile=PROFILES["ci"], cases_dir=tmp_path))
     assert result.status == "passed", result.failure
     verdicts = {row["name"]: row for row in result.report().verdicts()}
     for inv in ("candidates_unreferenced", "no_spurious_refusal", "policy_conformance", "predicted_eviction"):
@@ -418,7 +418,7 @@ def test_a_pool_that_ignores_the_admission_gate_is_held_to_it(tmp_path: Path) ->
         )
 
     profile = dataclasses.replace(PROFILES["ci"], step_count=20)
-    result = run_check(ungated, name="ungated", profile=profile, cases_dir=tmp_path)
+    result = run_check(ungated, "ungated", Options(profile=profile, cases_dir=tmp_path))
     assert result.exit_code == 1 and result.failure is not None
     # A cold two-block prompt released: the spec leaves its second block uncached (free), the pool cached it.
     assert result.failure.invariant == "predicted_free_capacity", result.failure

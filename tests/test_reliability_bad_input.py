@@ -12,7 +12,7 @@ from kvspec.adapters import load
 from kvspec.spec import Op, Semantics, SpecError
 from kvspec.spec.ledger import LedgerModel, validate
 from kvspec.spec.ops import BAD_INPUT, OP_KINDS, bad_input_kinds
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, Options, run_check
 from kvspec.stateful_tests.bad_inputs import TOUR_CONFIG, tour_ops
 
 ALL_OPS = frozenset(OP_KINDS)
@@ -65,6 +65,8 @@ def test_a_check_tries_every_class_and_only_then_says_held(tmp_path: Path) -> No
 
 def test_a_class_never_tried_leaves_bad_input_rejected_unknown(tmp_path: Path) -> None:
     """One example of the random phase alone cannot reach every class: the verdict says so, it does not pass."""
-    result = run_check(load("reference"), name="reference", profile=PROFILES["ci"], max_examples=1, cases_dir=tmp_path)
+    result = run_check(
+        load("reference"), "reference", Options(profile=PROFILES["ci"], max_examples=1, cases_dir=tmp_path)
+    )
     row = next(r for r in result.report().verdicts() if r["name"] == "bad_input_rejected")
     assert row["verdict"] == "unknown" and row["reason"].startswith("bad input never tried:"), row

@@ -26,7 +26,7 @@ from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.spec import Config, Op, Semantics
 from kvspec.spec.ledger import LedgerModel
 from kvspec.spec.ops import blocks_for
-from kvspec.stateful_tests import PROFILES, Harness, Result, rounds, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, Result, rounds, run_check
 
 MB = 1 << 20
 BOUND_MB = 300
@@ -161,7 +161,9 @@ def test_a_long_run_goes_in_rounds_of_fresh_runners(monkeypatch: pytest.MonkeyPa
         calls.clear()
         ci = PROFILES["ci"]
         return run_check(
-            load("reference"), name="reference", profile=ci, seed=seed, max_examples=max_examples, cases_dir=tmp_path
+            load("reference"),
+            "reference",
+            Options(profile=ci, seed=seed, max_examples=max_examples, cases_dir=tmp_path),
         )
 
     monkeypatch.setattr(rounds, "ROUND_EXAMPLES", 4)

@@ -16,7 +16,7 @@ from kvspec.spec import INVARIANTS, Config, Event, Op
 from kvspec.spec.invariants import KeyMemory, Transition, check_transition
 from kvspec.spec.ledger import LedgerModel
 from kvspec.spec.policies import retention_score
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, run_check
 
 # -- the simulator ------------------------------------------------------------------
 
@@ -148,10 +148,12 @@ def test_adapter_accesses_entries_without_keeping_requests() -> None:
     ids=str,
 )
 def test_adapter_reports_bad_input_as_invalid_and_changes_nothing(op: Op) -> None:
+    """Bad input is answered before the simulator is called (the kit's one validation: checks_input=False)."""
     adapter = SchedulerSimAdapter(config=CONFIG)
-    adapter.apply(admit("q", 1, 2))
+    harness = Harness(adapter, CONFIG)
+    harness.step(admit("q", 1, 2))
     before, time = adapter.observe(), adapter.sim.time
-    outcome = adapter.apply(op)
+    outcome = harness.step(op)
     assert outcome.status == "invalid", outcome
     assert adapter.observe() == before and adapter.sim.time == time
     assert adapter.events() == []
@@ -180,7 +182,7 @@ def test_adapter_builds_its_simulator_through_the_factory() -> None:
 def test_adapter_conforms_to_the_spec_under_the_kits_own_check(tmp_path: Path) -> None:
     """The kit's stateful check holds every invariant, refinement included, and reaches every path."""
     result = run_check(
-        SchedulerSimAdapter, name="scheduler-sim", profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path
+        SchedulerSimAdapter, "scheduler-sim", Options(profile=PROFILES["ci"], max_examples=60, cases_dir=tmp_path)
     )
     assert result.status == "passed", (result.error, result.failure)
     verdicts = {row["name"]: row["verdict"] for row in result.report().verdicts()}

@@ -33,7 +33,7 @@ from kvspec.adapters.lifecycle_sim import LifecycleSimAdapter
 from kvspec.case import CASE_SCHEMA
 from kvspec.spec import INVARIANT_NAMES, INVARIANTS, Config, Op
 from kvspec.spec.invariants import ADAPTER_CONTRACT, STATE
-from kvspec.stateful_tests import PROFILES, Case, Profile, Result, Tally, Violation, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Case, Options, Profile, Result, Tally, Violation, replay_ops, run_check
 
 KINDS = {inv.name: inv.kind for inv in INVARIANTS}
 INCREMENTAL = {inv.name for inv in INVARIANTS if inv.incremental}
@@ -108,7 +108,9 @@ def test_seeded_bug_is_found_shrunk_saved_and_replayed(bug: SeededBug, every: in
     the same failure on the buggy adapter and holds on the correct one; in both modes (``every``: K)."""
     refine = refines(bug)
     result = run_check(
-        bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine, full_check_every=every
+        bug.factory,
+        bug.name,
+        Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine, full_check_every=every),
     )
 
     assert result.exit_code == 1, (result.status, result.error)
@@ -177,7 +179,7 @@ def test_plain_lru_witness_is_caught_by_refinement_and_by_policy_conformance() -
 def test_a_hung_adapter_is_cut_off_and_saved(tmp_path: Path) -> None:
     """An adapter that never returns breaks the adapter contract after the step timeout, and a case is saved."""
     result = run_check(
-        HANG.factory, name=HANG.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=False, step_timeout=0.5
+        HANG.factory, HANG.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=False, step_timeout=0.5)
     )
     assert result.exit_code == 1, (result.status, result.error)
     assert verdict(result, HANG.invariant) == "violated"
@@ -193,7 +195,7 @@ def test_a_hung_adapter_is_cut_off_and_saved(tmp_path: Path) -> None:
 def test_a_hung_adapters_case_holds_the_ops_that_led_to_it(tmp_path: Path) -> None:
     """The case saved for a hang records the whole example: its step index is the last of its ops."""
     result = run_check(
-        HANG.factory, name=HANG.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=False, step_timeout=0.5
+        HANG.factory, HANG.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=False, step_timeout=0.5)
     )
     case = Case.load(Path(result.cases[0]))
     assert case.expected["step"] == len(case.ops) - 1, (case.expected, case.ops)
@@ -206,7 +208,7 @@ def test_safety_bug_is_also_found_in_full_mode(name: str, tmp_path: Path) -> Non
     """With refinement on (the default), a safety bug still makes the check fail and its case replays."""
     bug = next(b for b in SEEDED_BUGS if b.name == name)
     assert not refines(bug)
-    result = run_check(bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path)
+    result = run_check(bug.factory, bug.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path))
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None
     case = Case.load(Path(result.cases[0]))

@@ -20,7 +20,7 @@ from kvspec.adapters.sglang_inprocess import SglangAdapter
 from kvspec.spec import Config, Op
 from kvspec.spec.invariants import RADIX_INVARIANTS
 from kvspec.spec.radix_view import radix_view
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, run_check
 
 STARTUP = 300.0
 """Step timeout, which also bounds each adapter start: importing SGLang takes ~20 s idle, over 120 s on loaded cores."""
@@ -41,7 +41,9 @@ def run(adapter: SglangAdapter, config: Config, *ops: Op) -> list[Any]:
 
 def test_conformance_passes(tmp_path: Path) -> None:
     result = run_check(
-        SglangAdapter, name="sglang", profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path, step_timeout=STARTUP
+        SglangAdapter,
+        "sglang",
+        Options(profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path, step_timeout=STARTUP),
     )
     assert result.status == "passed", [result.failure, result.findings, result.error]
     assert result.adapter_version.startswith("sglang ")
@@ -106,7 +108,9 @@ def test_reset_needs_an_idle_scheduler(adapter: SglangAdapter) -> None:
 
 
 def test_bad_input_is_rejected_before_the_tree(adapter: SglangAdapter) -> None:
-    outcomes = run(adapter, Config(capacity=2, block_size=2), Op("admit", "a", (1, 2, 3, 4, 5)), Op("admit", "b", ()))
+    """The kit answers bad input (checks_input=False): the tree is never called with it."""
+    harness = Harness(adapter, Config(capacity=2, block_size=2))
+    outcomes = [harness.step(op) for op in (Op("admit", "a", (1, 2, 3, 4, 5)), Op("admit", "b", ()))]
     assert [o.status for o in outcomes] == ["invalid", "invalid"]
 
 
@@ -120,7 +124,9 @@ def test_seeded_sglang_bug_is_reported(bug: SglangBug, monkeypatch: pytest.Monke
     # keep_going: a bug can break two invariants and either may be found first (a leaking evict also makes SGLang's
     # next allocation raise out of memory: adapter_contract); the bug's own invariant must be among those reported.
     result = run_check(
-        SglangAdapter, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, step_timeout=STARTUP, keep_going=True
+        SglangAdapter,
+        bug.name,
+        Options(profile=PROFILES["ci"], cases_dir=tmp_path, step_timeout=STARTUP, keep_going=True),
     )
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None

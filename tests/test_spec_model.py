@@ -11,7 +11,7 @@ from kvspec.spec import INVARIANTS, Config, Event, Observation, Op, Outcome, Sem
 from kvspec.spec.invariants import KeyMemory, Transition, check_transition
 from kvspec.spec.ledger import LedgerModel, validate
 from kvspec.spec.policies import retention_score
-from kvspec.stateful_tests import PROFILES, run_check
+from kvspec.stateful_tests import PROFILES, Options, run_check
 
 BLOCK = Semantics()
 RECORD = Semantics(granularity="record", eviction="lifecycle", hit_cap=False)
@@ -70,7 +70,7 @@ def test_the_spec_satisfies_its_own_invariants(semantics: Semantics, tmp_path: o
     eviction order from what it observes, independently of the model's own ranking.
     """
     result = run_check(
-        lambda: SpecAdapter(semantics), name="spec", profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path
+        lambda: SpecAdapter(semantics), "spec", Options(profile=PROFILES["ci"], max_examples=80, cases_dir=tmp_path)
     )
     assert result.status == "passed", result.failure
     assert result.tally.coverage["evict"] > 0

@@ -23,7 +23,7 @@ from kvspec.adapters import load
 from kvspec.adapters.reference_paged import ReferencePagedAdapter
 from kvspec.cli import main
 from kvspec.spec import Op, Outcome, Semantics
-from kvspec.stateful_tests import Case, replay_ops, run_check
+from kvspec.stateful_tests import Case, Options, replay_ops, run_check
 from kvspec.stateful_tests.case_db import kept_cases
 from kvspec.stateful_tests.example_db import open_example_db
 from kvspec.stateful_tests.swarm import MOVES, SHAPES, draw_swarm, run_swarm
@@ -47,7 +47,7 @@ def test_swarm_finds_the_seeded_bug_and_its_case_is_one_minimal(bug: SeededBug, 
     refine = refines(bug)
     keep_going = bug.name in ANOTHER_FIRST
     result = run_swarm(
-        bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine, keep_going=keep_going
+        bug.factory, bug.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, refine=refine, keep_going=keep_going)
     )
     assert result.exit_code == 1, (result.status, result.error)
     assert result.failure is not None and result.failure_config is not None
@@ -83,17 +83,19 @@ def test_a_run_is_a_function_of_its_seed(tmp_path: Path) -> None:
     def run(seed: int) -> tuple[object, ...]:
         states: set[object] = set()
         result = run_swarm(
-            load("reference"), name="reference", profile=SEEDED_PROFILE, seed=seed, max_examples=30,
-            cases_dir=tmp_path, states=states,
-        )  # fmt: skip
+            load("reference"),
+            "reference",
+            Options(profile=SEEDED_PROFILE, seed=seed, max_examples=30, cases_dir=tmp_path),
+            states=states,
+        )
         assert result.exit_code == 0, result.report().table()
         return result.tally.steps, dict(result.tally.coverage), len(states)
 
     assert run(5) == run(5)
     assert run(5) != run(6)
     bug = next(b for b in SEEDED_BUGS if b.name == "forget-decrement")
-    first = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, seed=9, cases_dir=tmp_path, refine=False)
-    second = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, seed=9, cases_dir=tmp_path, refine=False)
+    first = run_swarm(bug.factory, bug.name, Options(profile=SEEDED_PROFILE, seed=9, cases_dir=tmp_path, refine=False))
+    second = run_swarm(bug.factory, bug.name, Options(profile=SEEDED_PROFILE, seed=9, cases_dir=tmp_path, refine=False))
     assert first.failure_ops and first.failure_ops == second.failure_ops
     assert first.failure_config == second.failure_config
     assert first.tally.first_failure_at == second.tally.first_failure_at
@@ -122,7 +124,7 @@ def test_a_swarm_failure_is_the_first_example_the_hypothesis_engine_runs(tmp_pat
     (its first example fails, with the same invariant); once the adapter is fixed the case holds and is dropped."""
     bug = next(b for b in SEEDED_BUGS if b.name == "forget-decrement")
     db = tmp_path / "db"
-    found = run_swarm(bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db)
+    found = run_swarm(bug.factory, bug.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db))
     assert found.failure is not None
     database = open_example_db(db, bug.name)
     assert database is not None
@@ -130,7 +132,7 @@ def test_a_swarm_failure_is_the_first_example_the_hypothesis_engine_runs(tmp_pat
     assert kept.ops == found.failure_ops and kept.config == found.failure_config
 
     again = run_check(
-        bug.factory, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db, max_examples=5
+        bug.factory, bug.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db, max_examples=5)
     )
     assert again.exit_code == 1 and again.kept_cases == 1
     assert again.tally.first_failure_at == (1, len(kept.ops))  # the first example, on its last op
@@ -138,7 +140,7 @@ def test_a_swarm_failure_is_the_first_example_the_hypothesis_engine_runs(tmp_pat
     assert again.report().to_json()["kept_cases"] == 1
 
     fixed = run_check(
-        bug.correct, name=bug.name, profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db, max_examples=5
+        bug.correct, bug.name, Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, example_db=db, max_examples=5)
     )
     assert fixed.exit_code == 0 and fixed.kept_cases == 1
     assert kept_cases(database) == []
@@ -183,10 +185,10 @@ class RepeatedReleaseFails(WithContracts):
 
 def test_swarm_walks_declared_contracts_and_finds_a_broken_one(tmp_path: Path) -> None:
     """An adapter's misuse contracts are moves of the swarm too: kept, they hold; broken, the invariant says so."""
-    kept = run_swarm(WithContracts, name="contracts", profile=SEEDED_PROFILE, cases_dir=tmp_path, max_examples=60)
+    kept = run_swarm(WithContracts, "contracts", Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, max_examples=60))
     assert kept.exit_code == 0, kept.report().table()
     assert kept.tally.coverage["contract:release:repeated:ok"] and kept.tally.coverage["contract:preempt:repeated:ok"]
-    broken = run_swarm(RepeatedReleaseFails, name="broken", profile=SEEDED_PROFILE, cases_dir=tmp_path)
+    broken = run_swarm(RepeatedReleaseFails, "broken", Options(profile=SEEDED_PROFILE, cases_dir=tmp_path))
     assert broken.exit_code == 1 and broken.failure is not None
     assert broken.failure.invariant == "bad_input_rejected", broken.failure
     assert broken.failure_ops[-1].contract == "repeated"
@@ -200,7 +202,7 @@ def test_a_hang_of_the_op_sent_ahead_is_reported_at_its_own_step(tmp_path: Path)
     yet the hang is the 4th step's: the case is the first four ops, the 4th named."""
     from faulty_adapters import HangsInApply
 
-    result = run_swarm(HangsInApply, name="hangs", profile=SEEDED_PROFILE, cases_dir=tmp_path, step_timeout=1.0)
+    result = run_swarm(HangsInApply, "hangs", Options(profile=SEEDED_PROFILE, cases_dir=tmp_path, step_timeout=1.0))
     assert result.status == "violated"
     first = result.tally.first_violation["adapter_contract"]
     assert first["step"] == 3 and "did not return within 1 s" in first["problems"][0]
@@ -260,9 +262,11 @@ def test_sending_the_next_op_ahead_changes_no_walk(tmp_path: Path) -> None:
     for isolate in (True, False):
         states: set[object] = set()
         result = run_swarm(
-            load("reference"), name="reference", profile=SEEDED_PROFILE, seed=3, max_examples=30,
-            cases_dir=tmp_path, isolate=isolate, states=states,  # type: ignore[arg-type]
-        )  # fmt: skip
+            load("reference"),
+            "reference",
+            Options(profile=SEEDED_PROFILE, seed=3, max_examples=30, cases_dir=tmp_path, isolate=isolate),
+            states=states,
+        )
         assert result.status == "passed"
         runs.append((result.tally.steps, result.tally.coverage, result.tally.checked, states))
     assert runs[0] == runs[1]

@@ -20,7 +20,7 @@ from kvspec.adapters.vllm_blockpool import VllmBlockPoolAdapter
 from kvspec.adapters.vllm_inprocess import VllmAdapter, VllmProjection
 from kvspec.spec import Config, Op
 from kvspec.spec.invariants import HYBRID_INVARIANTS, RADIX_INVARIANTS
-from kvspec.stateful_tests import PROFILES, Options, check_adapter, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, check_adapter, replay_ops, run_check
 
 FACTORIES: dict[str, type[VllmProjection]] = {"vllm": VllmAdapter, "vllm-blockpool": VllmBlockPoolAdapter}
 
@@ -138,10 +138,11 @@ def test_refused_append_changes_nothing(factory: Any) -> None:
 
 
 def test_bad_input_is_rejected_before_the_allocator(factory: Any) -> None:
+    """The kit answers bad input (checks_input=False): the allocator is never called with it."""
     adapter = factory()
-    adapter.reset(Config(capacity=2, block_size=2))
+    harness = Harness(adapter, Config(capacity=2, block_size=2))
     for op in (Op("admit", "a", ()), Op("admit", "a", (1,) * 5), Op("release", "ghost"), Op("resume", "ghost")):
-        assert adapter.apply(op).status == "invalid", op
+        assert harness.step(op).status == "invalid", op
     assert adapter.observe().free == 2
 
 
@@ -170,7 +171,7 @@ def test_seeded_vllm_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyPat
     target = bug.target()
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
     factory = FACTORIES[bug.adapter]
-    result = run_check(factory, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=bug.refine)
+    result = run_check(factory, bug.name, Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=bug.refine))
     assert result.status == "violated", f"{bug.name} was not found"
     assert result.failure is not None
     assert bug.invariant in result.failure.failures, result.failure

@@ -119,7 +119,7 @@ def test_seeded_vllm_bug_is_reported_with_k4(bug: VllmBug, monkeypatch: pytest.M
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
     factory: Any = {"vllm": VllmAdapter, "vllm-blockpool": VllmBlockPoolAdapter}[bug.adapter]
     result = run_check(
-        factory, name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=bug.refine, full_check_every=4
+        factory, bug.name, Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=bug.refine, full_check_every=4)
     )
     assert result.status == "violated", f"{bug.name} was not found"
     assert result.failure is not None and result.tally.full_check_every == 4
@@ -135,7 +135,9 @@ def test_seeded_hybrid_bug_is_reported_with_k4(monkeypatch: pytest.MonkeyPatch, 
     target = bug.target()
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
     result = run_check(
-        load(bug.adapter), name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4
+        load(bug.adapter),
+        bug.name,
+        Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=False, full_check_every=4),
     )
     assert result.status == "violated", f"{bug.name} was not found"
     assert result.failure is not None and bug.invariant in result.failure.failures, result.failure

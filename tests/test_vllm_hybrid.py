@@ -20,7 +20,7 @@ from kvspec.adapters.vllm_hybrid import VllmHybridAdapter
 from kvspec.spec import INVARIANTS, Config, Op
 from kvspec.spec.invariants import HYBRID_INVARIANTS
 from kvspec.spec.kv_groups import hybrid_view
-from kvspec.stateful_tests import PROFILES, replay_ops, run_check
+from kvspec.stateful_tests import PROFILES, Options, replay_ops, run_check
 
 HYBRID_NAMES = {inv.name for inv in HYBRID_INVARIANTS}
 ONE_TABLE_NAMES = {inv.name for inv in INVARIANTS if inv.layouts == frozenset({"one_table"})}
@@ -81,7 +81,7 @@ def test_eagle_drops_one_block_past_the_hit() -> None:
 def test_conformance_passes(name: str, tmp_path: Path) -> None:
     """Each hybrid configuration passes the ci profile; every hybrid invariant is judged (the window slid).
     vllm-hybrid-sliding runs the whole ci profile from the command line in .ci/run; these run 60 examples."""
-    result = run_check(load(name), name=name, profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=60)
+    result = run_check(load(name), name, Options(profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=60))
     assert result.status == "passed", [result.failure, result.findings, result.error]
     verdicts = {row["name"]: row["verdict"] for row in result.report().verdicts()}
     assert {n: verdicts[n] for n in HYBRID_NAMES} == dict.fromkeys(HYBRID_NAMES, "held")
@@ -94,7 +94,7 @@ def test_conformance_passes(name: str, tmp_path: Path) -> None:
 def test_seeded_hybrid_bug_is_reported(bug: VllmBug, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     target = bug.target()
     monkeypatch.setattr(target, bug.attribute, bug.make(target.__dict__[bug.attribute]))
-    result = run_check(load(bug.adapter), name=bug.name, profile=PROFILES["ci"], cases_dir=tmp_path, refine=False)
+    result = run_check(load(bug.adapter), bug.name, Options(profile=PROFILES["ci"], cases_dir=tmp_path, refine=False))
     assert result.status == "violated", f"{bug.name} was not found"
     assert result.failure is not None
     assert bug.invariant in result.failure.failures, result.failure

@@ -2,11 +2,12 @@
 
 A black box has no block ids and no ref counts, and one completion is admit, decode and release
 in one: so this adapter does not implement the ledger harness's ``apply``/``observe``. It is a
-*live* adapter (``Capabilities.live``): it sends token-id prompts with a fixed number of generated
-tokens (``ignore_eos``), sequentially (exact mode) or concurrently (load mode), and records what
-the outside shows - the KV event batches, each request's ``cached_tokens`` and output tokens, the
-gauges of /metrics, the resets - as the records of :mod:`.recorded`. The checks are the spec's
-(:mod:`kvspec.spec.stream`), run over those records by :func:`.recorded.check_recorded`.
+*live* adapter (``Capabilities.live``, :class:`kvspec.adapter.LiveAdapter`): it sends token-id prompts
+with a fixed number of generated tokens (``ignore_eos``), sequentially (exact mode) or concurrently
+(load mode), and records what the outside shows - the KV event batches, each request's
+``cached_tokens`` and output tokens, the gauges of /metrics, the resets - as the records of
+:mod:`.recorded`. The checks are the spec's (:mod:`kvspec.spec.stream`), run over those records
+by :func:`.recorded.check_recorded`.
 
 It starts the kit's :class:`.server.TinyServer` unless :meth:`configure` gave it a ``url`` (then ``events`` and
 ``replay`` name the server's ZMQ endpoints, if it publishes any).
@@ -18,17 +19,16 @@ import concurrent.futures
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.error import HTTPError
 
-from kvspec.adapter import Capabilities, Semantics, StreamResult
+from kvspec.adapter import Capabilities, Semantics, ServerInfo, StreamResult
 
 from .client import get_json, post_json
 from .events import EventSubscriber
 from .hashing import DEFAULT_NONE_HASH_SEED
-from .metrics import Metrics, read_metrics
+from .metrics import PREEMPTIONS, Metrics, read_metrics
 from .recorded import Recorder, check_recorded
 from .server import Endpoints, ServerConfig, TinyServer, attach
 
@@ -37,19 +37,6 @@ REQUEST_TIMEOUT_S = 300.0
 
 class LiveError(RuntimeError):
     """The server answered something the adapter cannot use (not a verdict: the check cannot run)."""
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What the server showed at start: what the live runner can drive and how its cache is shaped."""
-
-    can_reset: bool
-    has_events: bool
-    block_size: int
-    num_gpu_blocks: int | None
-    max_model_len: int
-    vocab_size: int
-    version: str
 
 
 class VllmLiveAdapter:
@@ -247,6 +234,14 @@ class VllmLiveAdapter:
         metrics = read_metrics(self.url)
         self.recorder.add({"metrics": metrics.snapshot(ts, idle)})
         return metrics
+
+    def preemptions_total(self) -> float | None:
+        """``vllm:num_preemptions_total`` now; the gauges recorded as an idle snapshot."""
+        return self.snapshot(idle=True).get(PREEMPTIONS)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Everything recorded so far, in order."""
+        return list(self.recorder.records)
 
     def settle(self, quiet_s: float = 0.3) -> None:
         """Wait until the event stream has been quiet for ``quiet_s`` (every step's batch is in)."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kvspec.adapter import ServerStartError
 from kvspec.vllm_env import vllm_missing
 
 from .client import healthy, served_model
@@ -47,14 +48,6 @@ TINY_CONFIG: dict[str, Any] = {
 EVENTS_TOPIC = "kv-events"
 SERVED_MODEL_NAME = "kvspec-tiny"
 LOG_TAIL_CHARS = 4000
-
-
-class ServerStartError(RuntimeError):
-    """The server could not be started or did not become healthy; ``log_tail`` is the end of its log."""
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        self.log_tail = log_tail
-        super().__init__(message + (f"\n--- server log (tail) ---\n{log_tail}" if log_tail else ""))
 
 
 def server_missing() -> str | None:

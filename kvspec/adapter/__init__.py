@@ -18,7 +18,16 @@ from kvspec.spec.ops import OP_KINDS, Config, Event, EventKind, Op, OpKind, Outc
 from kvspec.spec.radix_view import RADIX, RadixNode, RadixOrder, RadixView
 from kvspec.spec.stream import StreamResult
 
-from .contract import DECLINABLE, Adapter, AdapterFactory, Capabilities, DeltaAdapter
+from .contract import (
+    DECLINABLE,
+    Adapter,
+    AdapterFactory,
+    Capabilities,
+    DeltaAdapter,
+    LiveAdapter,
+    ServerInfo,
+    ServerStartError,
+)
 from .toolkit import append_atomically, derived_events, import_without_init
 
 __all__ = [
@@ -38,6 +47,7 @@ __all__ = [
     "FreeListView",
     "HybridView",
     "KvGroup",
+    "LiveAdapter",
     "ObjectView",
     "Observation",
     "ObservationDelta",
@@ -50,6 +60,8 @@ __all__ = [
     "RequestState",
     "RequestView",
     "Semantics",
+    "ServerInfo",
+    "ServerStartError",
     "StreamResult",
     "append_atomically",
     "blocks_for",

@@ -7,13 +7,15 @@ the allocator it wraps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from kvspec.spec import Config, Event, Observation, Op, Outcome, Semantics
 from kvspec.spec.delta import ObservationDelta
 from kvspec.spec.ops import OP_KINDS, OpKind
+from kvspec.spec.stream import StreamResult
 
 DECLINABLE: dict[str, str] = {
     "release_drop": "release(keep=False): the implementation cannot drop a request's cached blocks on release",
@@ -36,13 +38,14 @@ class Capabilities:
       scale, so that prompts run as long, past windows and chunks, as with one group.
     observes_index: the observation carries the cache index.
     live: a running server checked from the outside (completions in, events out): it
-      implements the live protocol (``start``, ``complete``, ``check``, ...) instead of
+      implements :class:`LiveAdapter` (``start``, ``complete``, ``check``, ...) instead of
       ``apply``/``observe``, and ``kvspec check`` hands it to the live runner.
     declines: variants of implemented ops it never gets (names of DECLINABLE); every
       check, refinement included, still holds it on the ops it gets.
     checks_input: the implementation's own validation is under test, so bad input
-      reaches ``apply``. False: the kit answers bad input from ``spec.validate`` and
-      the adapter never sees it.
+      reaches ``apply`` and must come back ``invalid``. False (the default): the kit
+      answers bad input from the spec's own validation (``kvspec.spec.ledger.validate``)
+      and the adapter never sees it, so an adapter never writes input checks of its own.
     contracts: misuse contracts of a block-level API the adapter can exercise, each
       ``"OP:NAME"`` (OP one of ``ops``): the machine also draws OP with ``contract=NAME``
       (e.g. ``"release:repeated"``: the free called again on the freed blocks), which the
@@ -66,7 +69,7 @@ class Capabilities:
     notes: tuple[str, ...] = field(default_factory=tuple)
     live: bool = False
     declines: frozenset[str] = frozenset()
-    checks_input: bool = True
+    checks_input: bool = False
     contracts: frozenset[str] = frozenset()
     deltas: bool = False
 
@@ -133,3 +136,98 @@ class DeltaAdapter(Adapter, Protocol):
 
 AdapterFactory = Callable[[], Adapter]
 """What builds one adapter instance: a class or any callable (the kit builds a fresh one per replay)."""
+
+
+class ServerStartError(RuntimeError):
+    """A live server could not be started or did not become healthy; ``log_tail`` is the end of its log."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        self.log_tail = log_tail
+        super().__init__(message + (f"\n--- server log (tail) ---\n{log_tail}" if log_tail else ""))
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a live server showed when it started: what the live runner can drive and how its cache is shaped."""
+
+    can_reset: bool
+    has_events: bool
+    block_size: int
+    num_gpu_blocks: int | None
+    max_model_len: int
+    vocab_size: int
+    version: str
+
+
+@runtime_checkable
+class LiveAdapter(Protocol):
+    """A running server checked from the outside (``Capabilities(live=True)``): prompts in, what it shows out.
+
+    The live runner (stateful_tests/live.py) starts it, sends sequential completions (exact mode: each
+    request alone, so the spec predicts its cached tokens) and concurrent bursts (load mode), reads its
+    gauges, and finally asks it to judge what it recorded. Invariant: every completion, reset, gauge
+    reading and published cache event is recorded, in the order the client saw it, and :meth:`check`
+    judges exactly the records :meth:`records` returns (a violation's counterexample is that log).
+    """
+
+    name: str
+    capabilities: Capabilities
+    startup_s: float | None  # seconds the server took to come up (None: attached, not started)
+
+    def configure(
+        self,
+        *,
+        url: str | None = None,
+        events: str | None = None,
+        replay: str | None = None,
+        record: Path | None = None,
+    ) -> None:
+        """Before :meth:`start`: the server at ``url`` (None: start one), its event endpoints, a log file."""
+
+    def start(self) -> ServerInfo:
+        """Start (or attach to) the server, follow what it publishes; raise when it does not come up."""
+        ...
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        ...
+
+    def complete(self, prompt: Sequence[int], max_tokens: int, *, mode: str = "exact") -> dict[str, Any]:
+        """One completion of ``prompt`` (token ids) generating exactly ``max_tokens``; its request record."""
+        ...
+
+    def complete_many(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[dict[str, Any]]:
+        """``prompts`` sent at once (load mode); their request records."""
+        ...
+
+    def reset_cache(self) -> bool:
+        """Empty the server's prefix cache (recorded); True when it did."""
+        ...
+
+    def snapshot(self, idle: bool) -> object:
+        """Read and record the server's gauges (``idle``: nothing is in flight now)."""
+        ...
+
+    def preemptions_total(self) -> float | None:
+        """The server's preemption counter, read now (the reading recorded as a snapshot while idle)."""
+        ...
+
+    def settle(self) -> None:
+        """Wait until what the server publishes has quiesced (every step's events are in)."""
+
+    def check(self) -> StreamResult:
+        """Judge everything recorded so far with the spec's stream checks (kvspec.spec.stream)."""
+        ...
+
+    def records(self) -> list[dict[str, Any]]:
+        """The recorded log, as JSON objects in order: what a violation saves as its case."""
+        ...
+
+    @property
+    def gaps(self) -> list[tuple[int, int]]:
+        """Published batches lost on the way (sequence ranges [from, to))."""
+        ...
+
+    def close(self) -> None:
+        """Stop what :meth:`start` started; always called."""

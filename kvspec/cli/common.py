@@ -8,7 +8,6 @@ signal handling from here before anything slow is imported.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -48,13 +47,6 @@ def unwritable(*paths: Path | None) -> str | None:
             jsonio.ensure_writable(path)
         except OSError as exc:
             return f"{path}: cannot write here: {exc.strerror or exc}"
-    return None
-
-
-def positive(name: str, value: float | None) -> str | None:
-    """Why ``value`` of option ``name`` is not a positive, finite number, or None (None means no value)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        return f"{name} must be a positive number, not {value:g}"
     return None
 
 

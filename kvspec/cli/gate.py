@@ -8,7 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .common import fail, positive, unreadable, unwritable
+from kvspec.bounds import positive
+
+from .common import fail, unreadable, unwritable
 
 DEFAULT_BASELINE = Path("kvspec-baseline.json")
 

@@ -6,9 +6,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvspec.bounds import positive
 from kvspec.report import ExitCode
 
-from .common import fail, positive, unreadable, unwritable
+from .common import fail, unreadable, unwritable
 
 if TYPE_CHECKING:
     from kvspec.spec import Semantics

@@ -13,12 +13,13 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
+from kvspec.bounds import positive
 from kvspec.report import ExitCode
 from kvspec.spec import Config
 from kvspec.traces import AUTO, FORMATS, TraceFormatError, TraceOptions, check_trace, values
 from kvspec.traces.result import TraceResult
 
-from .common import fail, positive
+from .common import fail
 
 SNAPSHOT_EVERY = 64
 """`trace record`'s default K: a full observation every 64 steps, deltas between (docs/traces.md)."""

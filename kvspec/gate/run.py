@@ -176,7 +176,7 @@ class GateResult:
 
 def run_gate(config: GateConfig, baseline: Baseline) -> GateResult:
     """Check every adapter ``config`` declares against ``baseline``."""
-    from kvspec.stateful_tests.dispatch import not_started
+    from kvspec.stateful_tests import not_started
 
     t0, started = time.perf_counter(), now()
     verdicts = []
@@ -192,8 +192,7 @@ def run_gate(config: GateConfig, baseline: Baseline) -> GateResult:
 
 
 def _check(run: AdapterRun, factory: Any, config: GateConfig, baseline: Baseline) -> AdapterVerdict:
-    from kvspec.stateful_tests import check_adapter
-    from kvspec.stateful_tests.dispatch import not_started
+    from kvspec.stateful_tests import check_adapter, not_started
 
     options = _options(run, config)
     known: list[Entry] = []
@@ -264,10 +263,10 @@ def _saved_cases(folder: Path, adapter: str) -> list[Case]:
 
 
 def _options(run: AdapterRun, config: GateConfig) -> Any:
-    from kvspec.stateful_tests import Options
+    from kvspec.stateful_tests import PROFILES, Options
 
     return Options(
-        profile=run.profile,
+        profile=PROFILES[run.profile],
         seed=run.seed,
         max_examples=run.max_examples,
         cases_dir=config.cases_dir,
