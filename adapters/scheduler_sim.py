@@ -57,6 +57,8 @@ class SchedulerSimAdapter:
     def apply(self, op: Op) -> Outcome:
         """Run a valid ``op`` (the kit answers bad input: Capabilities.checks_input); a ValueError of the
         simulator is invalid."""
+        if op.op != "admit":
+            return Outcome.invalid(f"{op.op} is not supported by {self.name}")
         prefix = prefix_of(op.tokens)
         reused = prefix in self.sim.entries
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from typing import cast
 
 from kvspec.adapter import Adapter, AdapterFactory, LiveAdapter
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
@@ -72,26 +73,30 @@ def _check_live(built: object, name: str, options: Options) -> Report:
         problem = f"the {options.engine} engine drives in-process adapters, not live ones"
     elif options.profile.name not in LIVE_PROFILES:
         problem = f"live adapters have the profiles {', '.join(sorted(LIVE_PROFILES))}, not {options.profile.name!r}"
-    elif not isinstance(built, LiveAdapter):
-        missing = [m for m in _LIVE_METHODS if not hasattr(built, m)]
-        problem = f"{name} declares Capabilities(live=True) but lacks the LiveAdapter protocol's {', '.join(missing)}"
+    elif _missing_live(built):
+        missing = ", ".join(_missing_live(built))
+        problem = f"{name} declares Capabilities(live=True) but lacks the LiveAdapter protocol's {missing}"
     if problem is not None:
         close = getattr(built, "close", None)
         if callable(close):
             close()
         return not_started(name, options, "error", problem)
-    assert isinstance(built, LiveAdapter)
+    server = cast(LiveAdapter, built)  # the protocol's members are all there (_missing_live)
     target = options.live
-    built.configure(url=target.url, events=target.events, replay=target.replay, record=target.record)
+    server.configure(url=target.url, events=target.events, replay=target.replay, record=target.record)
     profile = LIVE_PROFILES[options.profile.name]
     progress = None if options.quiet else _say
-    return run_live(built, profile=profile, seed=options.seed, mode=target.mode, cases_dir=options.cases_dir,
+    return run_live(server, profile=profile, seed=options.seed, mode=target.mode, cases_dir=options.cases_dir,
                     progress=progress).report()  # fmt: skip
 
 
-_LIVE_METHODS = tuple(
-    m for m in dir(LiveAdapter) if not m.startswith("_") and m not in ("name", "capabilities", "startup_s")
-)
+_LIVE_MEMBERS = tuple(m for m in dir(LiveAdapter) if not m.startswith("_"))
+
+
+def _missing_live(built: object) -> list[str]:
+    """The LiveAdapter protocol's methods and properties that ``built``'s class lacks (read on the class: a property
+    such as ``url`` may raise before ``start``, so ``isinstance`` on the runtime protocol cannot be used)."""
+    return [m for m in _LIVE_MEMBERS if not hasattr(type(built), m)]
 
 
 def _reason(exc: Exception) -> str:

@@ -194,11 +194,11 @@ def test_trace_check_html_without_matplotlib_is_exit_2(
     assert err.count("\n") == 1 and "kvspec[show]" in err and not (tmp_path / "t.html").exists()
 
 
-def _live_args(tmp_path: Path, record: Path | None) -> Any:
-    """The arguments ``kvspec check --adapter vllm-live --html`` hands to the page writer."""
-    import argparse
+def _live_options(record: Path | None) -> Any:
+    """The options ``kvspec check --adapter vllm-live --record FILE`` hands to the page writer."""
+    from kvspec.stateful_tests import LiveTarget, Options
 
-    return argparse.Namespace(html=tmp_path / "live.html", safety_only=False, step_timeout=30.0, record=record)
+    return Options(refine=True, step_timeout=30.0, live=LiveTarget(record=record))
 
 
 def test_a_live_run_page_draws_its_saved_log_and_its_recording(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_live_run_page_draws_its_saved_log_and_its_recording(tmp_path: Path) -
     result.cases.append(str(saved))
     report = result.report()
     assert "live" in report.sections and stream.violation is not None
-    write_html(_live_args(tmp_path, LIVE), report, None)
+    write_html(tmp_path / "live.html", _live_options(LIVE), report, None)
     marks = Marks((tmp_path / "live.html").read_text())
     assert marks.classes.count("timeline") == 2  # the saved log, then the whole recorded run
     assert any(i.startswith("c0p0-violation-") for i in marks.ids)
