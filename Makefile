@@ -9,7 +9,10 @@ TYPECHECK_DIR := build/typecheck
 GPU_VENV ?= .venv-gpu
 GPU_STAMP := $(GPU_VENV)/.kvspec-installed
 
-.PHONY: check test lint typecheck importlint bench gpu-check formal clean
+# The kit's tests run in this many pytest-xdist processes (auto: one per core).
+PYTEST_WORKERS ?= auto
+
+.PHONY: check test test-slow lint typecheck importlint bench gpu-check formal clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +25,13 @@ check: $(STAMP)
 	for a in reference-score reference-shared-aware reference-family-protect; do \
 		$(BIN)/kvspec check --adapter $$a --profile ci --quiet || exit $$?; done
 
-## The kit's own tests, after lint, type and architecture checks.
+## The kit's own core tests in parallel, after lint, type and architecture checks (about 5 min on 2 cores).
 test: lint $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+
+## The slow tier: the long end-to-end tests (marked slow); CI runs it beside `make test`.
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m slow
 
 lint: $(STAMP) typecheck importlint
 	$(BIN)/ruff check .
@@ -34,7 +41,7 @@ lint: $(STAMP) typecheck importlint
 typecheck: $(STAMP)
 	rm -rf $(TYPECHECK_DIR) build/lib  # setuptools reuses build/lib: a deleted module would linger there
 	$(BIN)/python -m pip install -q --no-deps --no-compile --target $(TYPECHECK_DIR) .
-	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy -p kvspec
+	cd $(TYPECHECK_DIR) && ../../$(BIN)/mypy --cache-dir ../mypy-cache -p kvspec
 
 # import-linter reads the same installed copy, where kvspec.spec etc. are real subpackages.
 importlint: typecheck

@@ -37,6 +37,7 @@ def test_bmc_holds_on_the_spec() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.slow
 def test_each_seeded_spec_bug_yields_a_counterexample_that_bites_the_implementation(
     variant: type[BuggyEncoding],
 ) -> None:
@@ -62,6 +63,7 @@ def test_bmc_stops_at_its_time_limit_and_says_so() -> None:
     assert result.holds and not result.complete and result.depth < 40
 
 
+@pytest.mark.slow
 def test_every_invariant_is_proved_by_induction() -> None:
     aux, proofs = prove(SMALL)
     assert aux.proved
@@ -79,6 +81,7 @@ def test_induction_refutes_a_seeded_bug() -> None:
     assert proof.counterexample.invariants == ["tail_rounding"]
 
 
+@pytest.mark.slow
 def test_houdini_keeps_every_lemma_of_the_spec_and_drops_the_ones_a_bug_breaks() -> None:
     spec = inductive_lemmas(Encoding(SMALL))
     assert spec.dropped == 0 and spec.conjuncts
@@ -183,6 +186,7 @@ def test_cli_bmc_exit_codes_and_replayable_case(tmp_path: Path, capsys: pytest.C
     assert _kvspec("bmc", "--blocks", "6", "--requests", "3", "--depth", "30", "--time-limit", "1", "--quiet") == 2
 
 
+@pytest.mark.slow
 def test_cli_bmc_and_prove_write_the_kits_report(tmp_path: Path) -> None:
     """bmc and prove end in the same report as every check: held rows, a violated row with its case, exit codes."""
     held, junit = tmp_path / "held.json", tmp_path / "held.xml"

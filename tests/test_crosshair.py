@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import crosshair_seeded
+import pytest
 
 from kvspec.stateful_tests.crosshair_run import REFERENCE_TARGETS, crosshair_command, run_crosshair
 
@@ -17,6 +18,7 @@ def _line_of(method: object) -> str:
     return f"{SEEDED}:{inspect.getsourcelines(method)[1]}"  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_reference_contracts_hold_on_a_bounded_budget() -> None:
     targets = ["kvspec.reference.scheduler.SchedulerSim.score", "kvspec.reference.paged.PagedPrefixCache.allocate"]
     result = run_crosshair(targets, per_condition_timeout=1, budget=240)
@@ -24,6 +26,7 @@ def test_reference_contracts_hold_on_a_bounded_budget() -> None:
     assert result.counterexamples == []
 
 
+@pytest.mark.slow
 def test_crosshair_finds_the_seeded_contract_violations() -> None:
     targets = [_line_of(crosshair_seeded.FloorRounding.blocks_for_tokens), _line_of(crosshair_seeded.SizeBonus.score)]
     result = run_crosshair(targets, per_condition_timeout=1, budget=240)

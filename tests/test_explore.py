@@ -240,6 +240,7 @@ def test_every_seeded_spec_bug_is_in_the_agreement() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+@pytest.mark.slow
 def test_each_seeded_spec_bug_is_found_by_spacer_the_bmc_and_the_search(
     pair_space: ExploreResult, pair_space_newest: ExploreResult, variant: type[BuggyEncoding]
 ) -> None:

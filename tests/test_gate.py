@@ -67,6 +67,7 @@ def outputs(repo: Path) -> tuple[dict, ET.Element, str]:
     return result, junit, (repo / ".kvspec" / "gate.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_gate_through_its_four_stages(engine: Path, tmp_path: Path) -> None:
     allocator = engine / "tinyengine" / "allocator.py"
     source = allocator.read_text()
@@ -211,6 +212,7 @@ def test_time_budget_stops_the_search(tmp_path: Path) -> None:
     assert report["duration_s"] < 60  # the thorough profile's 3,000 examples take minutes
 
 
+@pytest.mark.slow
 def test_the_example_database_replays_a_failure_first(tmp_path: Path) -> None:
     """A counterexample found once is tried first by the next run, whatever that run's seed."""
     from seeded_bugs import ShareCopies, _paged

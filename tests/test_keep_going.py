@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from clirun import kvspec
 from hypothesis import seed, settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ def two_bugs() -> ReferencePagedAdapter:
     return ReferencePagedAdapter(lambda c: LostHitsAndShortChain(c.capacity, c.block_size, hit_cap=True))
 
 
+@pytest.mark.slow
 def test_keep_going_reports_each_violated_invariant_once_with_its_own_replayable_case(tmp_path: Path) -> None:
     stopped = run_check(two_bugs, "two-bugs", Options(profile=PROFILES["ci"], cases_dir=tmp_path / "first"))
     assert stopped.exit_code == 1 and len(stopped.cases) == 1
@@ -48,6 +50,7 @@ def test_keep_going_reports_each_violated_invariant_once_with_its_own_replayable
     assert text.count("VIOLATED ") == len(named)
 
 
+@pytest.mark.slow
 def test_the_cli_takes_keep_going(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     run = kvspec(
@@ -114,6 +117,7 @@ def test_the_ci_profile_names_its_seed_and_the_seed_replays_it(tmp_path: Path) -
     assert again.tally.coverage == first.tally.coverage and again.seed == first.seed
 
 
+@pytest.mark.slow
 def test_the_report_carries_the_time_to_the_first_failure(tmp_path: Path) -> None:
     result = run_check(two_bugs, "two-bugs", Options(profile=PROFILES["ci"], cases_dir=tmp_path, max_examples=40))
     seconds = result.report().to_json()["seconds_to_first_failure"]

@@ -102,6 +102,7 @@ def test_k(kvspec_check):
     result.stderr.fnmatch_lines(["*--kvspec-full-check-every*at least 1*"])
 
 
+@pytest.mark.slow
 def test_plugin_writes_a_failing_check_as_a_page(pytester: pytest.Pytester) -> None:
     """``--kvspec-html DIR``: the failing item's run as DIR/<adapter>.html with its case drawn, and the fixture's
     failing check as DIR/<test id>.html; a passing check writes nothing."""
@@ -132,6 +133,7 @@ def test_mine_conforms(kvspec_check):
         assert text.count('<figure class="timeline"') >= 1 and "c0p1-violation-" in text
 
 
+@pytest.mark.slow
 def test_plugin_under_xdist_reports_the_pass_and_the_seeded_bug(pytester: pytest.Pytester) -> None:
     """`pytest -n 2` (pytest-xdist): the kvspec items run in two worker processes; the correct adapter and the
     user's own test pass, the seeded bug fails with its invariant and its saved case, whichever worker ran it."""

@@ -294,6 +294,7 @@ def test_pool_side_table_and_lifecycle_log() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_ADAPTERS))
+@pytest.mark.slow
 def test_policy_adapter_passes_the_ci_profile(name: str, tmp_path: Path) -> None:
     """Every invariant, refinement and policy checks included, holds; the orders were exercised with a choice."""
     assert load(name) is POLICY_ADAPTERS[name]
@@ -409,6 +410,7 @@ def test_policy_parameters_are_spec_parameters() -> None:
     assert (data["eviction"], data["protect_min_hits"], data["admission_anchor_blocks"]) == ("family_protect", 1, 1)
 
 
+@pytest.mark.slow
 def test_a_pool_that_ignores_the_admission_gate_is_held_to_it(tmp_path: Path) -> None:
     """The gate is a spec parameter, so refinement catches a pool that caches a cold request's later blocks."""
 

@@ -79,6 +79,7 @@ def _check(tmp_path: Path, url: str | None, report: str, *extra: str) -> tuple[i
 
 
 @pytest.mark.parametrize("engine", ["swarm", "hypothesis"])
+@pytest.mark.slow
 def test_a_counterexample_found_by_a_worker_is_replayed_first_by_a_fresh_process(
     tmp_path: Path, redis_url: str, engine: str
 ) -> None:

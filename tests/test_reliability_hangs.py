@@ -30,6 +30,7 @@ def test_a_hang_during_the_check_is_a_finding_and_the_kit_exits(adapter: str, tm
     assert len(data["cases"]) == 1
 
 
+@pytest.mark.slow
 def test_a_constructor_that_hangs_could_not_start_and_the_kit_exits(tmp_path: Path) -> None:
     run = kvspec("check", "--adapter", "faulty_adapters:HangsInInit", "--step-timeout", "1", limit=200)
     assert run.code == 2, (run.code, run.seconds)

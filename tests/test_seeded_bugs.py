@@ -98,6 +98,8 @@ def seeded_params() -> list[object]:
                 if name in SEARCH_MISSES
                 else []
             )
+            if every != 1:  # incremental mode: the slow tier (make test-slow); the full mode is in the core suite
+                marks = [*marks, pytest.mark.slow]
             params.append(pytest.param(bug, every, id=name, marks=marks))
     return params
 
@@ -204,6 +206,7 @@ def test_a_hung_adapters_case_holds_the_ops_that_led_to_it(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     "name", ["floor-rounding", "lifecycle-floor-rounding", "scheduler-frees-incoming-size", "raises-on-resume"]
 )
+@pytest.mark.slow
 def test_safety_bug_is_also_found_in_full_mode(name: str, tmp_path: Path) -> None:
     """With refinement on (the default), a safety bug still makes the check fail and its case replays."""
     bug = next(b for b in SEEDED_BUGS if b.name == name)

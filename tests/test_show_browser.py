@@ -70,6 +70,7 @@ def on(mark: dict[str, float], cell: dict[str, float]) -> bool:
     return same_centre and all(cell[d] <= mark[d] <= 1.34 * cell[d] for d in ("width", "height"))
 
 
+@pytest.mark.slow
 def test_the_run_report_renders_every_case_with_no_console_error(browser: Any, tmp_path: Path) -> None:
     html, report = tmp_path / "run.html", tmp_path / "run.json"
     argv = ["check", "--adapter", "seeded_bugs:forget_decrement", "--safety-only", "--max-examples", "30", "--quiet"]
@@ -116,6 +117,7 @@ def test_a_case_page_matches_its_reference_screenshot(browser: Any, tmp_path: Pa
     assert mean < 1.0 and far < 0.002, f"mean difference {mean:.2f}, {far:.2%} of pixels far off"
 
 
+@pytest.mark.slow
 def test_a_trace_page_renders_its_window_and_overview_with_no_console_error(browser: Any, tmp_path: Path) -> None:
     """A real live log with one stored block taken out: its page shows the overview of every line (an image inside
     the SVG, allowed by the page's CSP as data:) and the failing window, the mark on the removed hash's cell."""

@@ -63,6 +63,7 @@ FAMILY_PROTECT = Semantics(eviction="family_protect", protect_min_hits=2, admiss
     [BLOCK, VLLM_LIKE, SCORE, SHARED_AWARE, FAMILY_PROTECT, RECORD, ENTRY],
     ids=["block", "block-vllm", "block-score", "block-shared-aware-vllm", "block-family-protect", "record", "entry"],
 )
+@pytest.mark.slow
 def test_the_spec_satisfies_its_own_invariants(semantics: Semantics, tmp_path: object) -> None:
     """The model, checked by the suite as if it were an implementation, holds every invariant.
 

@@ -117,6 +117,7 @@ AGREEMENT_BOUNDS = (
 
 @pytest.mark.parametrize("encoding", [Encoding, NewestEncoding], ids=lambda e: e.duplicate_keys)
 @pytest.mark.parametrize("bounds", AGREEMENT_BOUNDS, ids=lambda b: f"N{b.blocks}R{b.requests}B{b.block_size}")
+@pytest.mark.slow
 def test_the_z3_relation_accepts_exactly_the_python_successor(bounds: Bounds, encoding: type[Encoding]) -> None:
     sym = Symbolic.build(bounds, encoding)
     rng = random.Random(bounds.blocks * 100 + bounds.block_size)

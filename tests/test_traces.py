@@ -819,6 +819,7 @@ def _kind(value: Any) -> str:
 @pytest.mark.parametrize(("path", "fmt"), COMMITTED, ids=[p.stem for p, _ in COMMITTED])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
+@pytest.mark.slow
 def test_a_value_of_the_wrong_type_is_exit_2_with_its_line(
     tmp_path: Path, path: Path, fmt: str, data: st.DataObject
 ) -> None:

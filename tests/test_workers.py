@@ -206,6 +206,7 @@ def test_report_merge_writes_a_merge_of_reports_it_was_given(tmp_path: Path) -> 
     assert data["steps"] == 8 and len(data["workers"]) == 2
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_of_workers_writes_what_each_had(tmp_path: Path) -> None:
     """SIGINT to `kvspec check --workers 2` while the workers run: each is told, stops and reports; the merged
     report is written with status interrupted, both workers' rows, and the command exits 2."""
