@@ -32,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvspec.adapter import StreamResult
-from kvspec.spec.stream import MetricSnapshot, RequestRecord, StreamCheck
+from kvspec.adapter import MetricSnapshot, RequestRecord, StreamCheck, StreamResult
 
 from .hashing import SUPPORTED_ALGOS, BlockHasher
 

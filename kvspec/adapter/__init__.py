@@ -7,7 +7,9 @@ can do and what it claims in :class:`Capabilities` (its :class:`Semantics` among
 :class:`LiveAdapter` (a running server). The views beside the ledger (a radix tree, KV cache groups, a
 free list) go under ``Observation.extra`` by their keys (``RADIX``, ``HYBRID``, ``FREE_LIST``). The
 toolkit's three helpers are what most engines lack: importing an engine's allocator without its package's
-``__init__``, an all-or-nothing multi-token append, and evictions read off two observations.
+``__init__``, an all-or-nothing multi-token append, and evictions read off two observations. A live
+adapter judges what it recorded with the spec's stream checks (:class:`StreamCheck` over its
+:class:`RequestRecord` and :class:`MetricSnapshot` records and the published event batches).
 """
 
 from kvspec.spec.delta import ObservationDelta
@@ -16,7 +18,7 @@ from kvspec.spec.kv_groups import HYBRID, AttentionKind, HybridView, KvGroup
 from kvspec.spec.observation import ObjectView, Observation, RequestState, RequestView
 from kvspec.spec.ops import OP_KINDS, Config, Event, EventKind, Op, OpKind, Outcome, Semantics, blocks_for
 from kvspec.spec.radix_view import RADIX, RadixNode, RadixOrder, RadixView
-from kvspec.spec.stream import StreamResult
+from kvspec.spec.stream import MetricSnapshot, RequestRecord, StreamCheck, StreamResult
 
 from .contract import (
     DECLINABLE,
@@ -47,6 +49,7 @@ __all__ = [
     "FreeListView",
     "HybridView",
     "KvGroup",
+    "MetricSnapshot",
     "LiveAdapter",
     "ObjectView",
     "Observation",
@@ -57,11 +60,13 @@ __all__ = [
     "RadixNode",
     "RadixOrder",
     "RadixView",
+    "RequestRecord",
     "RequestState",
     "RequestView",
     "Semantics",
     "ServerInfo",
     "ServerStartError",
+    "StreamCheck",
     "StreamResult",
     "append_atomically",
     "blocks_for",
