@@ -18,28 +18,20 @@ import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any, ClassVar
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from seeded_bugs import SEEDED_BUGS  # noqa: E402
+from swarm import Recorder  # noqa: E402
+from swarm import bare_rate as bare_replay_rate  # noqa: E402
 
 from kvspec.adapters import load  # noqa: E402
-from kvspec.spec import Op  # noqa: E402
-from kvspec.stateful_tests import PROFILES, Harness, Options, Tally, run_check  # noqa: E402
+from kvspec.stateful_tests import PROFILES, Options, Tally, run_check  # noqa: E402
 
 ADAPTERS = ("reference", "lifecycle-sim", "scheduler-sim")
-
-
-class Recorder(Harness):
-    """A harness that also records every example's ops, for the bare replay."""
-
-    log: ClassVar[list[tuple[Any, list[Op]]]] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        Recorder.log.append((self.config, self.ops))
 
 
 def adapter_rates(examples: int) -> list[dict[str, Any]]:
@@ -59,17 +51,7 @@ def adapter_rates(examples: int) -> list[dict[str, Any]]:
             machine_module.Harness = original  # type: ignore[misc]
         assert result.status == "passed", result.status
         checked_rate = result.tally.steps / result.duration_s
-        adapter = load(name)()
-        n_ops = 0
-        t0 = time.perf_counter()
-        for config, ops in Recorder.log:
-            adapter.reset(config)
-            for op in ops:
-                adapter.apply(op)
-                adapter.events()
-                adapter.observe()
-                n_ops += 1
-        bare_rate = n_ops / (time.perf_counter() - t0)
+        bare_rate, _ = bare_replay_rate(name, Recorder.log)
         rows.append(
             {
                 "adapter": name,
@@ -108,7 +90,7 @@ def bug_times() -> list[dict[str, Any]]:
                 "bug": bug.name,
                 "invariant": bug.invariant,
                 "found": bool(result.failure and bug.invariant in result.failure.failures)
-                or any(r["name"] == bug.invariant and r["verdict"] == "violated" for r in result.verdicts()),
+                or any(r["name"] == bug.invariant and r["verdict"] == "violated" for r in result.report().verdicts()),
                 "examples_to_first": first[0] if first else None,
                 "steps_to_first": first[1] if first else None,
                 "seconds_to_first": round(tally_probe.get("first_s", total), 2),
