@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvspec import stop
 from kvspec.adapter import Adapter, AdapterFactory
 from kvspec.adapters.isolation import isolated
 from kvspec.case import Case
@@ -455,6 +456,7 @@ def run_search(
         except AdapterHung as hung:
             record_hang(result, hung, options)
     except KeyboardInterrupt:  # at any moment: while searching, shrinking, or replaying the shrunk case
+        stop.clear()
         result.status, result.error = "interrupted", "interrupted"
         keep_what_was_found(result, options)
     except Exception as exc:  # the adapter could not be built or reset: the check could not run

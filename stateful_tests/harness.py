@@ -14,6 +14,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from kvspec import stop
 from kvspec.adapter import Adapter
 from kvspec.adapter.answers import malformed, malformed_delta
 from kvspec.adapter.answers import short as _short
@@ -241,6 +242,7 @@ class Harness:
         on the whole state (:meth:`_compared`; an adapter in a child process compares there, adapters/kept.py:
         where they agree, the observation does not cross and the kept state, equal to it, is judged).
         """
+        stop.check()  # a signal whose KeyboardInterrupt was swallowed (kvspec.stop) stops the run here
         index = len(self.ops)
         self.ops.append(op)
         self.upcoming = None

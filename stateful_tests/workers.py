@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, cast
 
+from kvspec import stop
 from kvspec.adapter import AdapterFactory
 from kvspec.adapters.isolation import IsolatedAdapter, track, untrack
 from kvspec.report import Report
@@ -92,8 +93,11 @@ def _collect(
     interrupted = False
     while running:
         try:
-            ready = wait(list(running))
+            ready = wait(list(running), timeout=0.2)
+            if stop.requested():  # a KeyboardInterrupt swallowed by a callback (kvspec.stop)
+                raise KeyboardInterrupt
         except KeyboardInterrupt:  # each worker is told once, stops, and sends what it has (its interrupted report)
+            stop.clear()
             if not interrupted:
                 for _, process in running.values():
                     if process.pid is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -63,10 +64,30 @@ def kvspec(
         out, err = proc.communicate(timeout=limit)
         code: int | None = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_tree(proc.pid)
         out, err = proc.communicate()
         code = None
     return Run(code, out, err, time.monotonic() - t0)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process, its group and every descendant: a worker in a process group of its own
+    (``--workers``) holds the pipes open, and ``communicate`` would wait for it past the limit."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo.extend(children.get(tree[-1], []))
+    for member in tree:
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(member, signal.SIGKILL)
 
 
 def _wait_until_sigint_held(proc: subprocess.Popen[str], deadline: float) -> None:

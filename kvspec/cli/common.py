@@ -17,6 +17,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from kvspec import stop
+
 if TYPE_CHECKING:
     from kvspec.report import ExitCode
 
@@ -62,6 +64,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
         if isolation is not None:
             isolation.kill_children()
         os._exit(2)
+    stop.request()  # the raise below is lost if it lands in a gc or weakref callback: the next step raises again
     raise KeyboardInterrupt
 
 
@@ -93,6 +96,7 @@ def interrupts() -> Iterator[None]:
         return
     global _signals_seen
     _signals_seen = 0
+    stop.clear()
     previous = {sig: signal.signal(sig, _raise_interrupt) for sig in SIGNALS}
     try:
         yield
