@@ -48,13 +48,44 @@ from typing import Any, Protocol, cast
 Prefix = tuple[int, ...]
 Node = tuple[Hashable | None, Prefix]  # a block as the index knows it: its parent's hash, its own tokens
 
-# An entry of the ledger's index (StreamLedger.blocks), one list per hash: what the index knows of it, read and
-# written by position so that a stored or removed block is one dict lookup (a list is the cheapest record here).
-COPIES, PARENT, TOKENS, KIDS, STATE = range(5)
-"""Positions in an entry ``[copies, parent, tokens, kids, state]``: the hash's cached copies (>= 0), its node
-(its parent's hash and its own tokens; ``tokens`` None while its prefix is not known, and then ``parent`` is
-None too), how many hashes with a known prefix name it as their parent, and the recipe's chain state of the
-hash (None when not known)."""
+
+class Entry:
+    """What the index knows of one hash (an entry of ``StreamLedger.blocks``).
+
+    ``copies``: its cached copies (>= 0); ``parent`` and ``tokens``: its node, its parent's hash and its own
+    tokens (``tokens`` None while its prefix is not known, and then ``parent`` is None too); ``kids``: how many
+    hashes with a known prefix name it as their parent; ``state``: the recipe's chain state of the hash (None
+    when not known). Slots: a stored or removed block is one dict lookup and attribute reads.
+    """
+
+    __slots__ = ("copies", "kids", "parent", "state", "tokens")
+
+    def __init__(self, copies: int, parent: Hashable | None, tokens: Prefix | None, kids: int, state: Any) -> None:
+        self.copies, self.parent, self.tokens, self.kids, self.state = copies, parent, tokens, kids, state
+
+    def __repr__(self) -> str:
+        return f"Entry({self.copies}, {self.parent!r}, {self.tokens!r}, {self.kids}, {self.state!r})"
+
+
+class _Ahead:
+    """The recipe's (published hash, chain state) of an event's blocks, run on from one chain state.
+
+    ``hashes[i - at]`` is block ``i``'s, valid while the state block ``i`` follows is ``base``."""
+
+    __slots__ = ("at", "base", "chain", "hashes", "tokens")
+
+    def __init__(self, chain: HashChain | None, base: Any, tokens: Sequence[Prefix]) -> None:
+        self.chain, self.tokens, self.at, self.base = chain, tokens, 0, base
+        self.hashes: Sequence[tuple[Hashable, Any]] = () if chain is None or base is None else chain.chain(base, tokens)
+
+    def next(self, i: int, base: Any) -> tuple[Hashable, Any]:
+        """Block ``i``'s published hash and the state after it, following ``base`` (rehashed from ``i`` on where
+        the chain ahead ran on another state)."""
+        if base is not self.base and base != self.base:
+            self.hashes, self.at = self.chain.chain(base, self.tokens[i:]), i  # type: ignore[union-attr]
+        expected, self.base = self.hashes[i - self.at]
+        return expected, self.base
+
 
 TALLIED: tuple[tuple[str, str], ...] = (
     ("seen", "stored"),
@@ -224,13 +255,17 @@ class StreamLedger:
     ``usable_blocks``: the pool's capacity in blocks (None: unknown, ``cached_within_pool`` not judged).
     ``requests=False``: no request will start (a log without request records), so the ``child`` map, which
     only a request's prefix lookup reads, is not kept.
-    The index is ``blocks``, one entry per hash (layout: :data:`COPIES` ...). Kept: a hash has an entry exactly
+    The index is ``blocks``, one entry per hash (:class:`Entry`). Kept: a hash has an entry exactly
     while it has a cached copy or a known prefix (a node); ``total`` is the sum of the entries' copies; a hash
     has a node (and, with requests, a ``child`` entry) exactly while its prefix is known and it or a descendant
     with a node has a cached copy (its ``kids`` counts the hashes whose node names it as parent), or, once
     removed, while an in-flight request suspects its removal (its child's store is the proof); a chain state
     is kept only in an entry with a node.
     """
+
+    short_way = True
+    """Store a new hash after a parent the chain ahead ran on inline (:meth:`_store_known`); False: every block
+    the general way (the same verdicts; benchmarks/stream_short_way.py measures what the short way saves)."""
 
     def __init__(
         self,
@@ -249,7 +284,7 @@ class StreamLedger:
         self.usable_blocks = usable_blocks
         self.published_hash = published_hash
         self.result = result or StreamResult()
-        self.blocks: dict[Hashable, list[Any]] = {}  # hash -> [copies, parent, tokens, kids, state]
+        self.blocks: dict[Hashable, Entry] = {}
         self.total = 0
         # node -> hash, read only to look up a request's cached prefix: kept only when requests may come.
         self.child: dict[Node, Hashable] = {}
@@ -277,12 +312,12 @@ class StreamLedger:
     def copies(self, key: Hashable) -> int:
         """The cached copies of ``key`` (0 for a hash the index has no copy of)."""
         entry = self.blocks.get(key)
-        return 0 if entry is None else int(entry[COPIES])
+        return 0 if entry is None else entry.copies
 
     def node(self, key: Hashable) -> Node | None:
         """The node ``key`` stands for (its parent's hash, its own tokens); None when its prefix is not known."""
         entry = self.blocks.get(key)
-        return None if entry is None or entry[TOKENS] is None else (entry[PARENT], entry[TOKENS])
+        return None if entry is None or entry.tokens is None else (entry.parent, entry.tokens)
 
     def _chain_keys(self, tokens: Sequence[int], limit: int) -> list[Hashable]:
         """The hashes of the leading whole blocks of ``tokens`` the index knows, up to ``limit`` blocks."""
@@ -314,10 +349,10 @@ class StreamLedger:
         blocks = self.blocks
         while key is not None:
             entry = blocks.get(key)
-            if entry is None or entry[TOKENS] is None:
+            if entry is None or entry.tokens is None:
                 return None
-            key = entry[PARENT]
-            parts.append(entry[TOKENS])
+            key = entry.parent
+            parts.append(entry.tokens)
         return tuple(t for tokens in reversed(parts) for t in tokens)
 
     def _refresh_bounds(self) -> None:
@@ -330,23 +365,23 @@ class StreamLedger:
     def _total(self) -> int:
         return self.total
 
-    def _forget(self, key: Hashable, entry: list[Any] | None = None) -> None:
+    def _forget(self, key: Hashable, entry: Entry | None = None) -> None:
         """Drop ``key``'s entry once it has a node, no cached copy and no known descendant; then its parent's.
 
         ``entry``: ``key``'s entry where the caller holds it (else it is looked up)."""
         blocks, child_of = self.blocks, self.child
         if entry is None and key is not None:
             entry = blocks.get(key)
-        while entry is not None and entry[TOKENS] is not None and entry[COPIES] <= 0 and entry[KIDS] <= 0:
+        while entry is not None and entry.tokens is not None and entry.copies <= 0 and entry.kids <= 0:
             del blocks[key]
-            parent, tokens = entry[PARENT], entry[TOKENS]
+            parent, tokens = entry.parent, entry.tokens
             if child_of and child_of.get((parent, tokens)) == key:
                 del child_of[(parent, tokens)]
             if parent is None:
                 return
             key, entry = parent, blocks.get(parent)  # a node's parent has a node (while it has kids)
             if entry is not None:
-                entry[KIDS] -= 1
+                entry.kids -= 1
 
     # -- batches and events ----------------------------------------------------------
 
@@ -403,136 +438,172 @@ class StreamLedger:
 
         Each block is checked in turn (``hash_chain_agrees``, ``stored_once``, ``cached_within_pool``, in
         that order); the counts of checks made are tallied once per event and added to the result once per
-        batch (:data:`TALLIED`). The recipe hashes the event's
-        blocks in one call (:meth:`HashChain.chain`), ahead of the checks; that precomputed chain is used
-        for a block only while the block's parent state is the one it ran on (else the rest is rehashed).
-        A block costs one lookup in the index: each block's entry is the next block's parent entry.
+        batch (:data:`TALLIED`). The prefix is known when the parent is the root or a hash the index knows
+        (:meth:`_store_known`); else the blocks are counted, not judged (:meth:`_store_unknown`).
         """
-        r, bs = self.result, self.block_size
         count = len(keys)
         tally = self._tally
         tally[0] += count
-        if not count:
-            r.seen["stored"] += 0  # every BlockStored makes the entry, an empty one too
-        blocks = self.blocks
-        # The prefix is known when the parent is the root or a hash the index knows; ``up``: the parent's entry.
-        up = None if parent is None else blocks.get(parent)
-        known = parent is None or (up is not None and up[TOKENS] is not None)
-        if len(tokens) != count * bs:
-            r.checked["hash_chain_agrees"] += 1
-            r.fail(
-                "hash_chain_agrees",
-                self.where,
-                f"BlockStored of {count} blocks carries {len(tokens)} tokens (block size {bs})",
-            )
+        up = None if parent is None else self.blocks.get(parent)  # the parent's entry
+        known = parent is None or (up is not None and up.tokens is not None)
+        if len(tokens) != count * self.block_size:
+            self._tokens_mismatch(count, len(tokens))
             known = False
         if not count:
+            self.result.seen["stored"] += 0  # every BlockStored makes the entry, an empty one too
             return
-        child_of, ever, by_node = self.child, self.ever, self._by_node
-        chain, identity, in_flight, usable = self.published_hash, self.identity, self.in_flight, self.usable_blocks
-        recomputed = unjudged = 0
-        total = self.total
-        own_tokens: Sequence[Prefix] = ()
-        # The recipe's (published hash, state) of each block, run on from ``ahead_base``: ahead[i - ahead_at].
-        ahead: Sequence[tuple[Hashable, Any]] = ()
-        ahead_at = 0
-        ahead_base: Any = None
-        base: Any = None  # the chain state of ``parent`` (None: not known); each block's is its child's base
         if known:
-            if type(tokens) is not tuple:
-                tokens = tuple(tokens)
-            # one block: its tokens are the event's (a whole-tuple slice is the tuple itself)
-            own_tokens = [tokens] if count == 1 else [tokens[start : start + bs] for start in range(0, count * bs, bs)]
-            base = (None if chain is None else self._root) if up is None else up[STATE]
-            if chain is not None and base is not None:
-                ahead, ahead_base = chain.chain(base, own_tokens), base
-        # The common case, a new hash after a parent whose state the chain ahead ran on, with no request in
-        # flight and no per-hash memory to keep, takes the short way below: the same checks in the same order.
-        fast = known and not in_flight and identity is None and ever is None
+            recomputed, unjudged = self._store_known(keys, tokens, parent, up), 0
+        else:
+            recomputed, unjudged = 0, self._store_unknown(keys)
+        tally[1] += recomputed
+        tally[2] += count - unjudged
+        if self.usable_blocks is not None:
+            tally[3] += count
+
+    def _tokens_mismatch(self, count: int, n_tokens: int) -> None:
+        r = self.result
+        r.checked["hash_chain_agrees"] += 1
+        detail = f"BlockStored of {count} blocks carries {n_tokens} tokens (block size {self.block_size})"
+        r.fail("hash_chain_agrees", self.where, detail)
+
+    def _store_unknown(self, keys: Sequence[Hashable]) -> int:
+        """Blocks stored after a parent whose prefix is not known: copies counted, no node; how many were already
+        cached (a cached hash stored with an unknown prefix: who recomputes it cannot be told)."""
+        blocks, usable, total = self.blocks, self.usable_blocks, self.total
+        unjudged = 0
+        for key in keys:
+            entry = blocks.get(key)
+            if entry is None:
+                blocks[key] = Entry(1, None, None, 0, None)
+            else:
+                unjudged += entry.copies > 0
+                entry.copies += 1
+            total += 1
+            if usable is not None and total > usable:
+                self._over_pool(total, key)
+        self.total = total
+        return unjudged
+
+    def _store_known(
+        self, keys: Sequence[Hashable], tokens: Sequence[int], parent: Hashable | None, up: Entry | None
+    ) -> int:
+        """Blocks stored after a known prefix, each checked and learnt in turn; how many hashes were recomputed.
+
+        The recipe hashes the event's blocks in one call (:class:`_Ahead`), ahead of the checks. The common
+        case, a new hash after a parent whose state that chain ran on, with no request in flight and no per-hash
+        memory to keep, is the short way inline below (the same checks in the same order as
+        :meth:`_store_block`; docs/benchmarks/stream-short-way.md measures what it saves). A block costs one lookup
+        in the index: each block's entry is the next block's parent entry.
+        """
+        bs, count = self.block_size, len(keys)
+        if type(tokens) is not tuple:
+            tokens = tuple(tokens)
+        # one block: its tokens are the event's (a whole-tuple slice is the tuple itself)
+        own_tokens = [tokens] if count == 1 else [tokens[start : start + bs] for start in range(0, count * bs, bs)]
+        chain = self.published_hash
+        base = (None if chain is None else self._root) if up is None else up.state  # the state ``parent`` leaves
+        ahead = _Ahead(chain, base, own_tokens)
+        fast = self.short_way and not self.in_flight and self.identity is None and self.ever is None
+        blocks, child_of, by_node, usable = self.blocks, self.child, self._by_node, self.usable_blocks
+        total, recomputed = self.total, 0
         for i, key in enumerate(keys):
             entry = blocks.get(key)
-            if entry is None and fast and base is ahead_base and base is not None:
-                expected, base = ahead[i - ahead_at]
-                ahead_base = base
+            own = own_tokens[i]
+            if entry is None and fast and base is ahead.base and base is not None:
+                expected, base = ahead.hashes[i - ahead.at]
+                ahead.base = base
                 recomputed += 1
-                own = own_tokens[i]
                 if expected != key:
                     self._chain_broken(key, own, parent, expected)
-                entry = blocks[key] = [1, parent, own, 0, base]
+                entry = blocks[key] = Entry(1, parent, own, 0, base)
                 if by_node and (parent, own) not in child_of:
                     child_of[(parent, own)] = key
                 if up is not None:
-                    up[KIDS] += 1
-                total += 1
-                if usable is not None and total > usable:
-                    self._over_pool(total, key)
-                parent, up = key, entry
-                continue
-            had = 0 if entry is None else entry[COPIES]
-            if known:
-                own = own_tokens[i]
-                # The whole prefix, only when an in-flight request may compute it.
-                block: Prefix | None = None
-                if in_flight:
-                    head = self._prefix(parent)
-                    block = None if head is None else head + own
-                # One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens.
-                present = entry is not None and entry[TOKENS] is not None
-                if present:
-                    broken = entry[PARENT] != parent or entry[TOKENS] != own  # type: ignore[index]
-                else:
-                    broken = identity is not None and identity.setdefault(key, (parent, own)) != (parent, own)
-                learnt: Any = None  # the chain state this store teaches an entry that has none
-                if broken:
-                    self._identity_broken(key, (parent, own))
-                    base = None if entry is None else entry[STATE]
-                elif base is not None:  # else the parent's chain is not known (or there is no recipe)
-                    recomputed += 1
-                    if base is not ahead_base and base != ahead_base:  # the chain ahead ran on another state
-                        ahead, ahead_at, ahead_base = chain.chain(base, own_tokens[i:]), i, base  # type: ignore[union-attr]
-                    expected, chained = ahead[i - ahead_at]
-                    ahead_base = chained
-                    kept = None if entry is None else entry[STATE]
-                    base = learnt = chained if kept is None else kept
-                    if expected != key:
-                        self._chain_broken(key, own, parent, expected)
-                else:
-                    base = None if entry is None else entry[STATE]
-                if in_flight or had > 0:
-                    self._check_stored_once(key, block, had > 0)
-                if ever is not None:
-                    ever.add(key)
-                if entry is None:  # the index learns the block (``known`` stays true for its child)
-                    entry = blocks[key] = [had + 1, parent, own, 0, learnt]
-                else:
-                    entry[COPIES] = had + 1
-                    if entry[STATE] is None:
-                        entry[STATE] = learnt
-                    if not present:
-                        entry[PARENT], entry[TOKENS] = parent, own
-                if not present:
-                    if by_node and (parent, own) not in child_of:
-                        child_of[(parent, own)] = key
-                    if up is not None:
-                        up[KIDS] += 1
-                if block is not None:
-                    self._hold(key, block)
+                    up.kids += 1
             else:
-                if had > 0:
-                    unjudged += 1  # a cached hash stored with an unknown prefix: cannot tell who recomputes it
-                if entry is None:
-                    entry = blocks[key] = [1, None, None, 0, None]
-                else:
-                    entry[COPIES] = had + 1
+                entry, base, again = self._store_block(i, key, entry, own, parent, up, base, ahead)
+                recomputed += again
             total += 1
             if usable is not None and total > usable:
                 self._over_pool(total, key)
             parent, up = key, entry
         self.total = total
-        tally[1] += recomputed
-        tally[2] += count - unjudged
-        if usable is not None:
-            tally[3] += count
+        return recomputed
+
+    def _store_block(
+        self,
+        i: int,
+        key: Hashable,
+        entry: Entry | None,
+        own: Prefix,
+        parent: Hashable | None,
+        up: Entry | None,
+        base: Any,
+        ahead: _Ahead,
+    ) -> tuple[Entry, Any, bool]:
+        """Block ``i`` of a known prefix, the general way: its identity and chain (:meth:`_check_chain`), who
+        computed it (``stored_once``), then the index learns it; its entry, its chain state (the next block's
+        base) and whether its hash was recomputed."""
+        had = 0 if entry is None else entry.copies
+        block: Prefix | None = None  # the whole prefix, only when an in-flight request may compute it
+        if self.in_flight:
+            head = self._prefix(parent)
+            block = None if head is None else head + own
+        present = entry is not None and entry.tokens is not None
+        learnt, base, recomputed = self._check_chain(i, key, entry, own, parent, present, base, ahead)
+        if self.in_flight or had > 0:
+            self._check_stored_once(key, block, had > 0)
+        if self.ever is not None:
+            self.ever.add(key)
+        if entry is None:  # the index learns the block (``known`` stays true for its child)
+            entry = self.blocks[key] = Entry(had + 1, parent, own, 0, learnt)
+        else:
+            entry.copies = had + 1
+            if entry.state is None:
+                entry.state = learnt
+            if not present:
+                entry.parent, entry.tokens = parent, own
+        if not present:
+            if self._by_node and (parent, own) not in self.child:
+                self.child[(parent, own)] = key
+            if up is not None:
+                up.kids += 1
+        if block is not None:
+            self._hold(key, block)
+        return entry, base, recomputed
+
+    def _check_chain(
+        self,
+        i: int,
+        key: Hashable,
+        entry: Entry | None,
+        own: Prefix,
+        parent: Hashable | None,
+        present: bool,
+        base: Any,
+        ahead: _Ahead,
+    ) -> tuple[Any, Any, bool]:
+        """One hash, one prefix: the node it stood for before, and the recipe's hash of its tokens.
+
+        Returns the chain state this store teaches an entry that has none, the state the next block follows,
+        and whether the hash was recomputed (not when the parent's chain is not known, or there is no recipe)."""
+        if present:
+            broken = entry.parent != parent or entry.tokens != own  # type: ignore[union-attr]
+        else:
+            identity = self.identity
+            broken = identity is not None and identity.setdefault(key, (parent, own)) != (parent, own)
+        kept = None if entry is None else entry.state
+        if broken:
+            self._identity_broken(key, (parent, own))
+            return None, kept, False
+        if base is None:
+            return None, kept, False
+        expected, chained = ahead.next(i, base)
+        learnt = chained if kept is None else kept
+        if expected != key:
+            self._chain_broken(key, own, parent, expected)
+        return learnt, learnt, True
 
     def _over_pool(self, total: int, key: Hashable) -> None:
         self.result.fail(
@@ -607,7 +678,7 @@ class StreamLedger:
         for key in keys:
             removed += 1
             entry = blocks.get(key)
-            left = 0 if entry is None else entry[COPIES]
+            left = 0 if entry is None else entry.copies
             if left <= 0 and ever is not None and key not in ever:
                 r.seen["removed before the stream was joined"] += 1
                 continue
@@ -616,15 +687,15 @@ class StreamLedger:
                 r.fail("removed_was_cached", self.where, f"BlockRemoved for hash {key}, which has no cached copy")
                 continue
             total -= 1
-            entry[COPIES] = left - 1  # type: ignore[index]
+            entry.copies = left - 1  # type: ignore[union-attr]
             if left > 1:
                 if in_flight:
                     self._check_holders({key})
                 continue
             suspected = bool(in_flight) and self._check_holders({key})
-            if entry[TOKENS] is None:  # type: ignore[index]
+            if entry.tokens is None:  # type: ignore[union-attr]
                 del blocks[key]  # no node: the entry goes with its last copy
-            elif entry[KIDS] <= 0 and not suspected:  # type: ignore[index]
+            elif entry.kids <= 0 and not suspected:  # type: ignore[union-attr]
                 self._forget(key, entry)
         self.total = total
         tally = self._tally
@@ -637,7 +708,7 @@ class StreamLedger:
         self.known = True
         self.ever = None
         in_flight = bool(self.in_flight)
-        gone = {key for key, entry in self.blocks.items() if entry[COPIES] > 0} if in_flight else set()
+        gone = {key for key, entry in self.blocks.items() if entry.copies > 0} if in_flight else set()
         self.blocks.clear()
         self.total = 0
         self.child.clear()

@@ -18,7 +18,7 @@ import pytest
 
 from kvspec.adapters.vllm_live.hashing import BlockHasher
 from kvspec.bench.vllm_stream import Engine, StreamShape, generate
-from kvspec.spec.stream import COPIES, PARENT, TOKENS, StreamLedger
+from kvspec.spec.stream import StreamLedger
 from kvspec.traces import check_trace
 from kvspec.traces.lines import MAX_DEPTH, TraceFormatError, nesting, parse_line
 
@@ -198,25 +198,27 @@ def test_a_block_after_a_broken_identity_is_hashed_from_the_state_the_index_keep
 def index_problems(ledger: StreamLedger) -> list[str]:
     """What breaks StreamLedger's documented index invariants (no request in flight): [] when they hold."""
     blocks, problems = ledger.blocks, []
-    kids = Counter(entry[PARENT] for entry in blocks.values() if entry[TOKENS] is not None)
-    if ledger.total != sum(entry[COPIES] for entry in blocks.values()):
+    kids = Counter(entry.parent for entry in blocks.values() if entry.tokens is not None)
+    if ledger.total != sum(entry.copies for entry in blocks.values()):
         problems.append(f"total {ledger.total} is not the sum of the copies")
     for key, entry in blocks.items():
-        copies, parent, tokens, count, state = entry
+        copies, parent, tokens, count, state = entry.copies, entry.parent, entry.tokens, entry.kids, entry.state
         if tokens is None and (parent is not None or count or state is not None or copies <= 0):
             problems.append(f"{key}: no node, yet {entry}")
         if tokens is not None and (count != kids[key] or (copies <= 0 and count <= 0)):
             problems.append(f"{key}: kids {count}, {kids[key]} nodes name it; {copies} copies")
-        if tokens is not None and parent is not None and (blocks.get(parent) or [None] * 5)[TOKENS] is None:
+        if tokens is not None and parent is not None and getattr(blocks.get(parent), "tokens", None) is None:
             problems.append(f"{key}: its parent {parent} has no node")
     return problems
 
 
+@pytest.mark.parametrize("short_way", [True, False])
 @pytest.mark.parametrize("requests", [False, True])
-def test_the_index_keeps_its_invariants_batch_by_batch(requests: bool) -> None:
+def test_the_index_keeps_its_invariants_batch_by_batch(requests: bool, short_way: bool) -> None:
     """One entry per hash: copies, node, kids and chain state stay consistent through stores, evictions,
     preemptions and clears (the short way for new hashes and the general one keep the same index)."""
     ledger = StreamLedger(16, 64, BlockHasher(16), requests=requests)
+    ledger.short_way = short_way
     for i, batch in enumerate(Engine(SHAPE).run()):
         ledger.apply_batch(i, i, batch)
         assert not index_problems(ledger), (i, index_problems(ledger)[:3])

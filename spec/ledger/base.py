@@ -25,51 +25,71 @@ def validate(op: Op, obs: Observation, config: Config, semantics: Semantics) -> 
     """Raise SpecError when ``op`` is bad input in state ``obs``; return when it is valid.
 
     Valid operations may still be refused for lack of capacity; bad input never is
-    "refused": it is an error, and it changes nothing.
+    "refused": it is an error, and it changes nothing. The checks run in one fixed order: the op's
+    kind, its request id, then the op's own checks (:data:`_CHECKS`).
     """
-    request = obs.requests.get(op.req) if op.req is not None else None
     if op.op not in OP_KINDS:
         raise SpecError(f"unknown op {op.op!r}", "unknown_op")
     if op.op == "reset_cache":
         return
     if op.req is None or not op.req:
         raise SpecError(f"{op.op} needs a request id", "no_request_id")
+    request = obs.requests.get(op.req)
     if op.op == "admit":
-        if request is not None:
-            raise SpecError(f"request {op.req!r} already exists", "admit_existing")
-        if not op.tokens:
-            raise SpecError("empty prompt", "empty_prompt")
-        if any(t < 0 for t in op.tokens):
-            raise SpecError("token ids must be non-negative", "negative_token")
-        if size_of(len(op.tokens), config, semantics.granularity) > config.capacity:
-            raise SpecError("prompt is larger than the whole cache capacity", "prompt_larger_than_pool")
+        _check_admit(op, request, config, semantics)
         return
     if request is None:
         raise SpecError(f"unknown or already released request {op.req!r}", "unknown_request")
-    if op.op == "release":
-        return
-    if op.op == "append":
-        if request.state != "running":
-            raise SpecError(f"append to request {op.req!r} that is not running", "append_not_running")
-        if not op.tokens:
-            raise SpecError("append needs a positive number of tokens", "append_nothing")
-        if any(t < 0 for t in op.tokens):
-            raise SpecError("token ids must be non-negative", "negative_token")
-        held = len(request.tokens)
-        record = obs.objects.get(request.objects[0]) if request.objects else None
-        if semantics.granularity == "record" and record is not None:
-            held = record.tokens
-        if size_of(held + len(op.tokens), config, semantics.granularity) > config.capacity:
-            raise SpecError("request would be larger than the whole cache capacity", "append_larger_than_pool")
-        return
-    if op.op == "preempt":
-        if request.state != "running":
-            raise SpecError(f"preempt of request {op.req!r} that is not running", "preempt_not_running")
-        if op.mode != "recompute":
-            raise SpecError(f"unsupported preempt mode {op.mode!r}", "preempt_bad_mode")
-        return
-    if request.state != "preempted":  # resume
+    _CHECKS[op.op](op, request, obs, config, semantics)
+
+
+def _check_tokens(op: Op) -> None:
+    if any(t < 0 for t in op.tokens):
+        raise SpecError("token ids must be non-negative", "negative_token")
+
+
+def _check_admit(op: Op, request: RequestView | None, config: Config, semantics: Semantics) -> None:
+    if request is not None:
+        raise SpecError(f"request {op.req!r} already exists", "admit_existing")
+    if not op.tokens:
+        raise SpecError("empty prompt", "empty_prompt")
+    _check_tokens(op)
+    if size_of(len(op.tokens), config, semantics.granularity) > config.capacity:
+        raise SpecError("prompt is larger than the whole cache capacity", "prompt_larger_than_pool")
+
+
+def _check_release(op: Op, request: RequestView, obs: Observation, config: Config, semantics: Semantics) -> None:
+    """Any live request may be released."""
+
+
+def _check_append(op: Op, request: RequestView, obs: Observation, config: Config, semantics: Semantics) -> None:
+    if request.state != "running":
+        raise SpecError(f"append to request {op.req!r} that is not running", "append_not_running")
+    if not op.tokens:
+        raise SpecError("append needs a positive number of tokens", "append_nothing")
+    _check_tokens(op)
+    held = len(request.tokens)
+    record = obs.objects.get(request.objects[0]) if request.objects else None
+    if semantics.granularity == "record" and record is not None:
+        held = record.tokens
+    if size_of(held + len(op.tokens), config, semantics.granularity) > config.capacity:
+        raise SpecError("request would be larger than the whole cache capacity", "append_larger_than_pool")
+
+
+def _check_preempt(op: Op, request: RequestView, obs: Observation, config: Config, semantics: Semantics) -> None:
+    if request.state != "running":
+        raise SpecError(f"preempt of request {op.req!r} that is not running", "preempt_not_running")
+    if op.mode != "recompute":
+        raise SpecError(f"unsupported preempt mode {op.mode!r}", "preempt_bad_mode")
+
+
+def _check_resume(op: Op, request: RequestView, obs: Observation, config: Config, semantics: Semantics) -> None:
+    if request.state != "preempted":
         raise SpecError(f"resume of request {op.req!r} that is not preempted", "resume_not_preempted")
+
+
+_CHECKS = {"release": _check_release, "append": _check_append, "preempt": _check_preempt, "resume": _check_resume}
+"""The checks of an op on an existing request, by kind (admit's own come first in :func:`validate`)."""
 
 
 @dataclass
