@@ -30,6 +30,7 @@ from kvspec.spec.formal.symbolic import (
 )
 from kvspec.spec.formal.symbolic_invariants import AUXILIARY, SAFETY
 from kvspec.spec.invariants import VIEW_INVARIANTS, KeyMemory, Transition, check_transition
+from kvspec.spec.invariants.transition import first_paragraph
 from kvspec.spec.ledger import LedgerModel
 
 
@@ -164,7 +165,7 @@ def test_every_safety_invariant_has_a_z3_twin_of_the_same_name() -> None:
     assert list(SAFETY) == safety, "the Z3 twins follow the order of spec.invariants"
     for name, formula in SAFETY.items():
         twin = next(inv for inv in INVARIANTS if inv.name == name)
-        assert formula.__doc__ is not None and formula.__doc__.splitlines()[0] == twin.doc
+        assert formula.__doc__ is not None and first_paragraph(formula.__doc__) == twin.doc
 
 
 def _python_verdicts(enc: Encoding, m: z3.ModelRef, tr: SymTransition, op: Op) -> dict[str, bool]:

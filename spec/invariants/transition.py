@@ -69,7 +69,7 @@ class Transition(msgspec.Struct, frozen=True, dict=True):
 
 @dataclass(frozen=True)
 class Invariant:
-    """A named check over one transition; ``doc`` is the first line of its docstring: what it demands."""
+    """A named check over one transition; ``doc`` is the first paragraph of its docstring: what it demands."""
 
     name: str
     kind: Kind
@@ -93,7 +93,18 @@ class Invariant:
 
     @property
     def doc(self) -> str:
-        return (self.check.__doc__ or "").strip().splitlines()[0]
+        """The first paragraph of the check's docstring as one line (whitespace collapsed); "" when it has none."""
+        return first_paragraph(self.check.__doc__)
+
+
+def first_paragraph(text: str | None) -> str:
+    """The first paragraph of a docstring (up to its first blank line) as one line, its whitespace collapsed."""
+    lines: list[str] = []
+    for line in (text or "").strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line)
+    return " ".join(" ".join(lines).split())
 
 
 def bad_input(t: Transition) -> str | None:
