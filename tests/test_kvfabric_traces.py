@@ -153,7 +153,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[Lines], Lines], str]] = {
     "time_goes_back": (time_goes_back, "trace_order"),
     "negative_ref_count": (negative_ref_count, "non_negative_ref_counts"),
     "wrong_ref_count": (wrong_ref_count, "non_negative_ref_counts"),
-    "allocate_twice": (allocate_twice, "capacity_conservation"),
+    "allocate_twice": (allocate_twice, "allocated_once_within_pool"),
     "touch_uncached": (touch_uncached, "cache_index_consistency"),
     "evict_referenced": (evict_referenced, "no_active_eviction"),
     "wrong_hit_count": (wrong_hit_count, "hit_count_consistency"),
@@ -213,11 +213,11 @@ def test_bad_ranking_names_the_broken_invariant(
 
 def test_capacity_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, report, _ = run(tmp_path, LRU_HEAD, capsys, "--capacity", "3")
-    assert code == 1 and report["trace"]["violated"] == "capacity_conservation"
+    assert code == 1 and report["trace"]["violated"] == "allocated_once_within_pool"
     code, report, _ = run(tmp_path, LRU_HEAD, capsys, "--capacity", "64")
-    assert code == 0 and "capacity_conservation" not in report["trace"]["unjudged"]
+    assert code == 0 and "allocated_once_within_pool" not in report["trace"]["unjudged"]
     code, report, _ = run(tmp_path, LRU_HEAD, capsys)
-    assert code == 0 and report["trace"]["unjudged"]["capacity_conservation"] == 8
+    assert code == 0 and report["trace"]["unjudged"]["allocated_once_within_pool"] == 8
 
 
 def test_policy_that_disagrees_with_the_log_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

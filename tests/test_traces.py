@@ -402,7 +402,7 @@ SIDE_CORRUPTIONS: list[tuple[Callable[[Lines], Lines], str]] = [
     (side_remove_line, "trace_order"),
     (side_remove_line_renumbered, "non_negative_ref_counts"),
     (side_duplicate_line, "trace_order"),
-    (side_duplicate_line_unnumbered, "capacity_conservation"),
+    (side_duplicate_line_unnumbered, "allocated_once_within_pool"),
     (side_swap_lines, "trace_order"),
     (side_swap_lines_unnumbered, "lifecycle_transitions"),
     (side_negative_ref_count, "non_negative_ref_counts"),
@@ -413,7 +413,7 @@ SIDE_CORRUPTIONS: list[tuple[Callable[[Lines], Lines], str]] = [
     (side_hit_on_uncached_block, "cache_index_consistency"),
     (side_duplicate_hash, "share_without_duplication"),
     (side_rank_referenced_block, "candidates_unreferenced"),
-    (side_block_outside_pool, "capacity_conservation"),
+    (side_block_outside_pool, "allocated_once_within_pool"),
 ]
 
 
@@ -855,3 +855,31 @@ def test_report_has_the_shape_of_kvspec_check(tmp_path: Path, capsys: pytest.Cap
     assert set(report) >= REPORT_KEYS
     for row in report["invariants"]:
         assert set(row) >= {"name", "verdict", "checked_steps", "first_violation"}
+
+
+# A trace format's invariant that shares a name with the spec's makes the same claim as the spec's invariant of
+# that name; a different claim gets a name of its own (the spec's capacity_conservation is free + sizes ==
+# capacity, the logs' pool check is that a block is never allocated twice: allocated_once_within_pool).
+SAME_CLAIM_AS_THE_SPEC = {
+    "no_active_eviction",
+    "non_negative_ref_counts",
+    "share_without_duplication",
+    "cache_index_consistency",
+    "predicted_prefix_hits",
+    "predicted_admission",
+    "candidates_unreferenced",
+    "policy_conformance",
+}
+
+
+def test_a_trace_invariant_named_as_the_spec_s_makes_the_spec_s_claim() -> None:
+    from kvspec.spec import INVARIANT_NAMES
+    from kvspec.traces import FORMATS
+
+    for fmt, module in FORMATS.items():
+        if fmt == "kvspec":  # the kit's own format judges the spec's invariants themselves (check_transition)
+            continue
+        own = {inv.name for inv in getattr(module, "INVARIANTS", ())}
+        shared = own & set(INVARIANT_NAMES)
+        assert shared <= SAME_CLAIM_AS_THE_SPEC, (fmt, sorted(shared - SAME_CLAIM_AS_THE_SPEC))
+        assert "capacity_conservation" not in own, fmt

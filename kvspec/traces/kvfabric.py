@@ -76,7 +76,7 @@ Problems = list[str] | None
 # (a block allocated twice also disagrees with its recorded ref count and state).
 INVARIANTS: tuple[TraceInvariant, ...] = (
     TraceInvariant("trace_order", "trace", "seq runs 1 by 1 from each tracker start; time_ns never goes back."),
-    TraceInvariant("capacity_conservation", "safety", "No block is allocated twice; the pool is never exceeded."),
+    TraceInvariant("allocated_once_within_pool", "safety", "No block is allocated twice; the pool is never exceeded."),
     TraceInvariant("lifecycle_transitions", "safety", "Each block event is a legal move; recorded states agree."),
     TraceInvariant("no_active_eviction", "safety", "A block is evicted only while it holds no reference."),
     TraceInvariant("non_negative_ref_counts", "safety", "Ref counts never go below 0 and agree with the replay."),
@@ -193,7 +193,7 @@ class KVFabricReplay:
         results: dict[str, Problems] = {}
         if run.capacity is not None:
             outside = block_id == 0 or block_id > run.capacity
-            results["capacity_conservation"] = (
+            results["allocated_once_within_pool"] = (
                 [f"block {block_id} is outside a pool of {run.capacity} blocks (ids 1..{run.capacity})"]
                 if outside
                 else []
@@ -267,31 +267,31 @@ class KVFabricReplay:
         block_id, block, results = self._block(line, run)
         self._victim(line, run, block_id, results, consume=True)
         if block is None:
-            self.judge.cannot_judge("capacity_conservation", "the block's references before the log are unknown")
+            self.judge.cannot_judge("allocated_once_within_pool", "the block's references before the log are unknown")
             results = self._adopt(line, run, block_id, results)
             run.blocks[block_id].ref_count = 1
             return results
         problems = []
         twice = block.ref_count > 0
         if twice:
-            results["capacity_conservation"] = [
-                *(results.get("capacity_conservation") or []),
+            results["allocated_once_within_pool"] = [
+                *(results.get("allocated_once_within_pool") or []),
                 f"block {block_id} allocated again while it holds {block.ref_count} reference(s)",
             ]
         elif block.block_hash is not None:
             problems.append(f"block {block_id} reused while cached under {block.block_hash} without block_evicted")
         if run.capacity is None:
             self.judge.cannot_judge(
-                "capacity_conservation", "the pool size is unknown: the log gives no total_blocks; pass --capacity"
+                "allocated_once_within_pool", "the pool size is unknown: the log gives no total_blocks; pass --capacity"
             )
-        results.setdefault("capacity_conservation", [])
+        results.setdefault("allocated_once_within_pool", [])
         results["lifecycle_transitions"] = problems
         if block.ref_count == 0:
             run.held += 1
         block.ref_count += 1
         if run.capacity is not None and run.held > run.capacity:
-            results["capacity_conservation"] = [
-                *(results.get("capacity_conservation") or []),
+            results["allocated_once_within_pool"] = [
+                *(results.get("allocated_once_within_pool") or []),
                 f"{run.held} blocks hold references in a pool of {run.capacity}",
             ]
         self._recorded(line, block_id, block, results)

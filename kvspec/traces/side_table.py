@@ -64,7 +64,9 @@ INVARIANTS: tuple[TraceInvariant, ...] = (
     TraceInvariant("no_active_eviction", "safety", "Only unreferenced blocks are evicted."),
     TraceInvariant("non_negative_ref_counts", "safety", "Ref counts never go below 0 and agree with the replay."),
     TraceInvariant("share_without_duplication", "safety", "A block hash is cached on at most one block."),
-    TraceInvariant("capacity_conservation", "safety", "A block is never allocated twice; the pool never overflows."),
+    TraceInvariant(
+        "allocated_once_within_pool", "safety", "A block is never allocated twice; the pool never overflows."
+    ),
     TraceInvariant("cache_index_consistency", "safety", "Hits and recorded hashes match the blocks cached."),
     TraceInvariant("predicted_prefix_hits", "refinement", "A lookup hits the longest cached chain of its hashes."),
     TraceInvariant("hit_count_consistency", "refinement", "A block's hit_count counts its touches since cached."),
@@ -193,7 +195,7 @@ class SideTableLedger:
         if n is not None:
             # Engines number blocks differently (vLLM's block 0 is a reserved null block): count ids, not ranges.
             seen = len(self.blocks) + (block_id not in self.blocks)
-            results["capacity_conservation"] = (
+            results["allocated_once_within_pool"] = (
                 [] if seen <= n else [f"block {block_id} is the {seen}th distinct block id in a pool of {n}"]
             )
         return block_id, self.block(block_id), results
@@ -240,8 +242,8 @@ class SideTableLedger:
     def _on_block_allocated(self, line: Line) -> dict[str, Problems]:
         block_id, block, results = self._block_event(line)
         if block.ref_count > 0:
-            results["capacity_conservation"] = [
-                *(results.get("capacity_conservation") or []),
+            results["allocated_once_within_pool"] = [
+                *(results.get("allocated_once_within_pool") or []),
                 f"block {block_id} allocated again while it holds {block.ref_count} reference(s)",
             ]
             results["lifecycle_transitions"] = []
@@ -449,7 +451,7 @@ def check(lines: list[Line], judge: Judge) -> None:
     if header.policy is None and judge.options.policy is not None:
         header.policy = judge.options.policy
     if header.num_blocks is None:
-        judge.unknown("capacity_conservation", "the header gives no num_blocks")
+        judge.unknown("allocated_once_within_pool", "the header gives no num_blocks")
     if header.policy not in POLICIES:
         judge.unknown("policy_conformance", f"no known policy in the header ({', '.join(POLICIES)})")
     if header.hit_cap and header.block_size is None:
