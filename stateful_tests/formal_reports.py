@@ -11,9 +11,12 @@ with the reason when the solver could not decide, ``violated`` with its countere
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from kvspec.case import Case
 from kvspec.report import Report, Row, Status
+from kvspec.spec import Op
 from kvspec.spec.formal.bmc import AuxiliaryProof, BmcResult, Counterexample, Proof
 from kvspec.spec.formal.parametric import EveryNProof, Refinement
 from kvspec.spec.formal.pdr import PdrProof
@@ -23,6 +26,28 @@ from kvspec.spec.formal.symbolic_invariants import SAFETY
 
 SPEC = "spec"
 """The ``adapter`` of a formal report: the spec's own Z3 encoding (or a variant of it, in ``formal.variant``)."""
+
+
+def save_counterexample(
+    source: str,
+    bounds: Bounds,
+    ops: Sequence[Op],
+    violated: Sequence[str],
+    step: int,
+    cases_dir: Path,
+    *,
+    invariant: str | None = None,
+    variant: str | None = None,
+) -> Path:
+    """Save a formal command's counterexample (``source``: bmc, pdr, explore) as a case on the reference
+    adapter, replayable on any adapter (``kvspec replay PATH --adapter NAME``); its path. ``invariant``: the
+    one the case stands for (default: the first violated)."""
+    expected: dict[str, Any] = {"invariant": invariant or violated[0], "violated": list(violated), "step": step}
+    expected["source"] = source
+    if source != "explore":
+        expected["variant"] = variant
+    expected["bounds"] = bounds.to_json()
+    return Case("reference", bounds.config, list(ops), expected).save(cases_dir)
 
 
 def _violation(cex: Counterexample) -> dict[str, Any]:

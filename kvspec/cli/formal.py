@@ -142,10 +142,9 @@ def _variant(path: str) -> type[Encoding]:
 
 
 def cmd_bmc(args: argparse.Namespace) -> int:
-    from kvspec.case import Case
     from kvspec.spec.formal.bmc import bmc
     from kvspec.spec.formal.symbolic_invariants import SAFETY
-    from kvspec.stateful_tests.formal_reports import bmc_report
+    from kvspec.stateful_tests.formal_reports import bmc_report, save_counterexample
 
     problem = unwritable(args.report, args.junit)
     if problem is not None:
@@ -187,15 +186,9 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     print(f"COUNTEREXAMPLE at depth {len(cex.ops)} ({result.seconds:.1f} s): {', '.join(cex.invariants)}")
     for i, op in enumerate(cex.ops):
         print(f"  {i:>3}. {op}")
-    expected = {
-        "invariant": first,
-        "violated": cex.invariants,
-        "step": cex.step,
-        "source": "bmc",
-        "variant": args.variant,
-        "bounds": bounds.to_json(),
-    }
-    path = Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)
+    path = save_counterexample(
+        "bmc", bounds, cex.ops, cex.invariants, cex.step, args.cases_dir, invariant=first, variant=args.variant
+    )
     print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
     report = bmc_report(result, started_at=started, invariants=args.invariant, variant=args.variant, cases=[str(path)])
     report.write(args.report, args.junit)
@@ -257,9 +250,8 @@ def cmd_prove(args: argparse.Namespace) -> int:
 
 
 def _prove_pdr(args: argparse.Namespace) -> int:
-    from kvspec.case import Case
     from kvspec.spec.formal.pdr import PdrProof, prove_pdr
-    from kvspec.stateful_tests.formal_reports import pdr_report
+    from kvspec.stateful_tests.formal_reports import pdr_report, save_counterexample
 
     started = now()
     limit = 60.0 if args.time_limit is None else args.time_limit
@@ -300,15 +292,17 @@ def _prove_pdr(args: argparse.Namespace) -> int:
     cases = []
     for p in proofs:
         if p.counterexample is not None:
-            expected = {
-                "invariant": p.invariant,
-                "violated": p.counterexample.invariants,
-                "step": p.counterexample.step,
-                "source": "pdr",
-                "variant": args.variant,
-                "bounds": bounds.to_json(),
-            }
-            path = Case("reference", bounds.config, p.counterexample.ops, expected).save(args.cases_dir)
+            cex = p.counterexample
+            path = save_counterexample(
+                "pdr",
+                bounds,
+                cex.ops,
+                cex.invariants,
+                cex.step,
+                args.cases_dir,
+                invariant=p.invariant,
+                variant=args.variant,
+            )
             print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
             cases.append(str(path))
     report = pdr_report(bounds, proofs, started_at=started, time_limit=limit, direction=args.direction, cases=cases)
@@ -322,6 +316,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from kvspec.case import Case
     from kvspec.spec.formal.explore import explore
     from kvspec.spec.formal.symbolic import SEMANTICS
+    from kvspec.stateful_tests.formal_reports import save_counterexample
     from kvspec.stateful_tests.reachable import Drive, drive, explore_report
 
     problem = unwritable(args.report, args.junit)
@@ -379,9 +374,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
         print(f"COUNTEREXAMPLE at depth {len(cex.ops)}: {', '.join(cex.invariants)}")
         for i, op in enumerate(cex.ops):
             print(f"  {i:>3}. {op}")
-        expected = {"invariant": cex.invariants[0], "violated": cex.invariants, "step": len(cex.ops) - 1}
-        expected |= {"source": "explore", "bounds": bounds.to_json()}
-        cases.append(str(Case("reference", bounds.config, cex.ops, expected).save(args.cases_dir)))
+        cases.append(
+            str(save_counterexample("explore", bounds, cex.ops, cex.invariants, len(cex.ops) - 1, args.cases_dir))
+        )
     elif adapter is not None:
         try:
             driven = drive(adapter, result, time_limit=args.time_limit)
