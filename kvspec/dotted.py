@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 
 class DottedPathError(Exception):
@@ -12,13 +14,15 @@ class DottedPathError(Exception):
 def import_object(path: str, form: str = "package.module:Name") -> object:
     """The object ``path`` names: ``package.module`` imported, its attribute ``Name`` read.
 
-    ``form`` is how the error message spells the expected shape of ``path``.
+    ``form`` is how the error message spells the expected shape of ``path``. A module that is not importable
+    from ``sys.path`` is looked for in the working directory too (as ``python -m`` would find it), after
+    everything installed.
     """
     module_name, _, attr = path.partition(":")
     if not attr:
         raise DottedPathError(f"{path!r} is not of the form {form!r}")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name)
     except ImportError as exc:
         raise DottedPathError(f"cannot import {module_name!r}: {exc}") from exc
     except (Exception, SystemExit) as exc:  # user code: a SyntaxError, or anything its import runs
@@ -28,3 +32,14 @@ def import_object(path: str, form: str = "package.module:Name") -> object:
         return getattr(module, attr)
     except AttributeError as exc:
         raise DottedPathError(f"{module_name!r} has no attribute {attr!r}") from exc
+
+
+def _import_module(name: str) -> object:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        here = os.getcwd()
+        if exc.name != name.partition(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(name)

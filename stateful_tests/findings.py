@@ -78,6 +78,7 @@ class Result:
         reasons = {BAD_INPUT_REJECTED: f"bad input never tried: {', '.join(untried)}"} if untried else {}
         applicable -= tally.ignored
         reasons |= {name: "a known violation (baseline): checked, not judged" for name in tally.ignored}
+        named = f"{self.adapter} {self.adapter_version}".strip()  # an adapter may give no version
         return Report(
             adapter=self.adapter,
             rows=rows(kinds, tally.checked, tally.first_violation, applicable=applicable, reasons=reasons),
@@ -94,7 +95,7 @@ class Result:
             findings=self.findings,
             cases=self.cases,
             sections=self._sections(),
-            title=f"kvspec check: adapter {self.adapter} {self.adapter_version}, profile {self.profile}, {seed}"
+            title=f"kvspec check: adapter {named}, profile {self.profile}, {seed}"
             + ("" if self.engine == "hypothesis" else f", engine {self.engine}")
             + ("" if tally.full_check_every == 1 else f", whole state every {tally.full_check_every} steps"),
             details=self._details(),
