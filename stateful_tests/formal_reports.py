@@ -80,6 +80,8 @@ def bmc_report(
             rows.append(Row(name, "safety", held_depths, reason="no depth was completed"))
     status: Status = "violated" if cex is not None else ("passed" if result.complete else "error")
     error = "" if result.complete else f"time limit reached: held up to depth {result.depth} of {result.requested}"
+    if result.interrupted and cex is None:
+        status, error = "interrupted", f"interrupted: held up to depth {result.depth} of {result.requested}"
     return Report(
         adapter=SPEC,
         rows=rows,

@@ -150,6 +150,8 @@ def explore_report(
         error = f"time limit reached: every state within depth {result.depth} of {result.requested} explored"
         if driven is not None and driven.timed_out:
             error = f"time limit reached: the adapter was driven through {driven.states} of {result.distinct} states"
+    if result.interrupted and not violated:
+        status, error = "interrupted", f"interrupted: every state within depth {result.depth} explored"
     steps = result.states + (driven.tally.steps if driven is not None else 0)
     section: dict[str, Any] = {
         "engine": "explore",

@@ -54,33 +54,57 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv``, run the command's handler with SIGINT/SIGTERM as a clean stop; its exit code."""
-    from .common import block_signals, interrupts, restore_signals
+def main(argv: list[str] | None = None, *, started_mask: set[int] | None = None, for_good: bool = False) -> int:
+    """Parse ``argv``, run the command's handler with SIGINT/SIGTERM as a clean stop; its exit code.
 
-    with interrupts():
+    ``started_mask``: the signal mask before the console script held SIGINT and SIGTERM back (kvspec.console);
+    ``for_good``: the process ends after this call, so the handlers are never restored: a signal from then on
+    exits at once with the command's code (common.interrupts).
+    """
+    from .common import block_signals, finished, interrupts, restore_signals
+
+    with interrupts(for_good=for_good):
         held = block_signals()  # an interrupt now is handled once the command knows where its report goes
+        if started_mask is not None:
+            held = started_mask
         try:
             typed = sys.argv[1:] if argv is None else argv
             args = build_parser(typed[0] if typed else None).parse_args(typed)
+        except SystemExit as exc:  # --help, a usage error: argparse's own exit code
+            finished(exc.code if isinstance(exc.code, int) else COULD_NOT_RUN)
+            with contextlib.suppress(KeyboardInterrupt):
+                restore_signals(held)
+            raise
         except BaseException:
             with contextlib.suppress(KeyboardInterrupt):
                 restore_signals(held)
             raise
         args.argv = list(typed)  # the command as typed, for results that record it
-        handler: Callable[[argparse.Namespace], int] = args.handler
-        try:
-            restore_signals(held)
-            return int(handler(args))
-        except KeyboardInterrupt:
-            print("kvspec: interrupted", file=sys.stderr)
-            on_interrupt: Callable[[argparse.Namespace], None] | None = getattr(args, "on_interrupt", None)
-            if on_interrupt is not None:
-                on_interrupt(args)
-            return COULD_NOT_RUN
-        except BrokenPipeError:  # the reader of stdout went away (``| head``): no traceback at exit
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return COULD_NOT_RUN
+        code = _run(args, held)
+        finished(code)
+        return code
+
+
+def _run(args: argparse.Namespace, held: set[int] | None) -> int:
+    """The command's handler, signals delivered from its first line; an interrupt writes what the run has."""
+    from .common import restore_signals
+
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        restore_signals(held)
+        return int(handler(args))
+    except KeyboardInterrupt:
+        from kvspec import stop
+
+        stop.clear()
+        print("kvspec: interrupted", file=sys.stderr)
+        on_interrupt: Callable[[argparse.Namespace], None] | None = getattr(args, "on_interrupt", None)
+        if on_interrupt is not None:
+            on_interrupt(args)
+        return COULD_NOT_RUN
+    except BrokenPipeError:  # the reader of stdout went away (``| head``): no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return COULD_NOT_RUN
 
 
 __all__ = ["GROUPS", "build_parser", "main"]

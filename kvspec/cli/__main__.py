@@ -1,7 +1,6 @@
-"""``python -m kvspec.cli ...``: the ``kvspec`` command without its console script."""
+"""``python -m kvspec.cli ...``: the ``kvspec`` command without its console script (``python -m kvspec`` holds
+signals back a few imports earlier)."""
 
-import sys
+from kvspec.console import run
 
-from kvspec.cli import main
-
-sys.exit(main())
+run()

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvspec import stop
 from kvspec.report import ExitCode, now
 
 from .common import fail, unwritable
@@ -176,9 +177,8 @@ def cmd_bmc(args: argparse.Namespace) -> int:
         report = bmc_report(result, started_at=started, invariants=args.invariant, variant=args.variant)
         report.write(args.report, args.junit)
         if not result.complete:
-            print(
-                f"holds up to {result.depth} (of {args.depth} requested) in {result.seconds:.1f} s: time limit reached"
-            )
+            why = "interrupted" if result.interrupted else "time limit reached"
+            print(f"holds up to {result.depth} (of {args.depth} requested) in {result.seconds:.1f} s: {why}")
             return report.exit_code
         print(f"holds up to {result.depth} ({result.seconds:.1f} s)")
         return report.exit_code
@@ -313,11 +313,10 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 def cmd_explore(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
     from kvspec.adapters.isolation import IsolatedAdapter
-    from kvspec.case import Case
     from kvspec.spec.formal.explore import explore
     from kvspec.spec.formal.symbolic import SEMANTICS
     from kvspec.stateful_tests.formal_reports import save_counterexample
-    from kvspec.stateful_tests.reachable import Drive, drive, explore_report
+    from kvspec.stateful_tests.reachable import Drive, explore_report
 
     problem = unwritable(args.report, args.junit)
     if problem is not None:
@@ -366,6 +365,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
         f"{how}: {result.distinct} distinct states, {result.states} transitions checked, "
         f"{result.seconds:.1f} s ({result.states_per_s:.0f} states/s)"
         + (" -- time limit reached" if result.timed_out else "")
+        + (" -- interrupted" if result.interrupted else "")
     )
     driven: Drive | None = None
     cases: list[str] = []
@@ -377,27 +377,43 @@ def cmd_explore(args: argparse.Namespace) -> int:
         cases.append(
             str(save_counterexample("explore", bounds, cex.ops, cex.invariants, len(cex.ops) - 1, args.cases_dir))
         )
-    elif adapter is not None:
-        try:
-            driven = drive(adapter, result, time_limit=args.time_limit)
-        finally:
-            adapter.close()
-        print(
-            f"adapter {args.adapter}: driven through {driven.states} states on {driven.paths} paths, "
-            f"{driven.tally.steps} steps, {driven.seconds:.1f} s"
-        )
-        failure = driven.violation
-        if failure is not None or driven.hung is not None:
-            name = failure.invariant if failure is not None else "adapter_contract"
-            print(f"VIOLATED {name}:\n{failure if failure is not None else driven.hung}")
-            expected = {"invariant": name, "step": len(driven.failed_ops) - 1, "source": "explore"}
-            case = Case(args.adapter, bounds.config, driven.failed_ops, expected)
-            cases.append(str(case.save(args.cases_dir)))
+    elif adapter is not None and not result.interrupted:
+        driven = _drive(args, adapter, result, bounds, cases)
+    if adapter is not None and (cex is not None or result.interrupted):
+        adapter.close()  # not driven (closing twice is harmless)
     for path in cases:
         print(f"case saved: {path}  (replay: kvspec replay {path} --adapter NAME)")
     report = explore_report(result, started_at=started, adapter=args.adapter, driven=driven, cases=cases)
     report.write(args.report, args.junit)
     return report.exit_code
+
+
+def _drive(args: argparse.Namespace, adapter: Any, result: Any, bounds: Any, cases: list[str]) -> Any:
+    """Drive ``adapter`` through every state the search reached; a failure saved into ``cases``. None when
+    interrupted (the search's own verdicts stand, ``result.interrupted``); the adapter is closed."""
+    from kvspec.case import Case
+    from kvspec.stateful_tests.reachable import drive
+
+    try:
+        driven = drive(adapter, result, time_limit=args.time_limit)
+    except KeyboardInterrupt:
+        stop.clear()
+        result.interrupted = True
+        return None
+    finally:
+        adapter.close()
+    print(
+        f"adapter {args.adapter}: driven through {driven.states} states on {driven.paths} paths, "
+        f"{driven.tally.steps} steps, {driven.seconds:.1f} s"
+    )
+    failure = driven.violation
+    if failure is not None or driven.hung is not None:
+        name = failure.invariant if failure is not None else "adapter_contract"
+        print(f"VIOLATED {name}:\n{failure if failure is not None else driven.hung}")
+        expected = {"invariant": name, "step": len(driven.failed_ops) - 1, "source": "explore"}
+        case = Case(args.adapter, bounds.config, driven.failed_ops, expected)
+        cases.append(str(case.save(args.cases_dir)))
+    return driven
 
 
 def cmd_scenarios(args: argparse.Namespace) -> int:

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import z3
 
+from kvspec import stop
+
 from ..ops import Op
 from .symbolic import OP_KINDS, RESET, Bounds, Encoding, SymOp, SymState, SymTransition, Term
 from .symbolic_invariants import AUXILIARY, SAFETY, auxiliary
@@ -48,10 +50,17 @@ def _remaining_ms(deadline: float | None) -> int:
     return 0 if deadline is None else max(1, int((deadline - time.monotonic()) * 1000))
 
 
+INTERRUPTED = ("interrupted from keyboard", "canceled")
+"""Z3's reasons for an unknown answer that mean it was interrupted (its own SIGINT handler, or
+``Context.interrupt`` from kvspec.cli.common's watch of signals), not out of time."""
+
+
 def _check(solver: z3.Solver, deadline: float | None) -> z3.CheckSatResult:
     if deadline is not None:
         solver.set("timeout", _remaining_ms(deadline))
     answer: z3.CheckSatResult = solver.check()
+    if answer == z3.unknown and solver.reason_unknown() in INTERRUPTED:
+        raise KeyboardInterrupt  # Z3 took the SIGINT itself (or the kit interrupted it): a stop, not a timeout
     return answer
 
 
@@ -210,6 +219,7 @@ class BmcResult:
     counterexample: Counterexample | None = None
     complete: bool = True
     variant: str | None = None  # the checked variant's name; None: the spec's own encoding
+    interrupted: bool = False  # a stop was asked for (kvspec.stop): ``depth`` is the last depth completed
     lemmas: Lemmas | None = None
     per_depth: list[float] = field(default_factory=list)
 
@@ -245,10 +255,31 @@ def bmc(
     deadline = None if time_limit is None else t0 + time_limit
     result = BmcResult(bounds, depth, 0, 0.0, complete=False, variant=enc.name)
     path = Path(enc)
-    held: list[Term] = []
     if lemmas:
         result.lemmas = inductive_lemmas(enc, deadline)
+    try:
+        _deepen(enc, path, names, depth, deadline, t0, result, progress)
+    except KeyboardInterrupt:  # at a depth's start, or out of a solve: the depths before it stand
+        stop.clear()
+        result.interrupted = True
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _deepen(
+    enc: Encoding,
+    path: Path,
+    names: Sequence[str],
+    depth: int,
+    deadline: float | None,
+    t0: float,
+    result: BmcResult,
+    progress: Callable[[int, float], None] | None,
+) -> None:
+    """Depths 1 to ``depth`` in turn, into ``result``: until a counterexample, the deadline, or a stop."""
+    held: list[Term] = []
     for k in range(depth):
+        stop.check()
         tr = path.extend()
         if result.lemmas is not None:
             path.constraints.append(result.lemmas.on(tr.after))
@@ -271,8 +302,6 @@ def bmc(
             progress(k + 1, time.monotonic() - t0)
     else:
         result.complete = True
-    result.seconds = time.monotonic() - t0
-    return result
 
 
 # -- k-induction --------------------------------------------------------------------------------------------

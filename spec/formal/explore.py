@@ -51,6 +51,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from kvspec import stop
+
 from ..invariants import INVARIANTS, KeyMemory, Transition
 from ..ledger import BlockLedger, LedgerModel, Step
 from ..ledger.base import Request
@@ -319,6 +321,7 @@ class ExploreResult:
     layers: list[int] = field(default_factory=lambda: [1])
     seconds: float = 0.0
     timed_out: bool = False
+    interrupted: bool = False  # a stop was asked for (kvspec.stop): ``depth`` is the last depth completed
     semantics: Semantics = SEMANTICS
     reduced: bool = True
     checked: dict[str, int] = field(default_factory=dict)
@@ -388,50 +391,59 @@ def explore(
     config, semantics = root.config, root.semantics
     judged = [inv for inv in INVARIANTS if inv.applies(semantics)]
     result.checked = dict.fromkeys((inv.name for inv in judged), 0)
-    for k in range(1, depth + 1):
-        following: deque[tuple[State, BlockLedger]] = deque()
-        fresh = 0
-        while frontier:
-            if deadline is not None and time.monotonic() > deadline:
-                result.timed_out, result.layers = True, result.layers[:k]
-                result.seconds = time.monotonic() - t0
-                return result
-            here, parent = frontier.popleft()
-            before, unchanged = parent.observe(), describe(parent, bounds)
-            work = clone(parent)
-            for op in ops(parent):
-                step = work.step(op)
-                after = work.observe()
-                result.states += 1
-                t = Transition(before, op, step.outcome, _events(step), after, config, semantics, KeyMemory())
-                broken = {}
-                for inv in judged:
-                    problems = inv.check(t)
-                    if problems is not None:  # None: the invariant does not apply to this step
-                        result.checked[inv.name] += 1
-                        if problems:
-                            broken[inv.name] = problems
-                if broken and result.counterexample is None:
-                    path = [*result.path(here), op]
-                    result.counterexample = Found(path, list(broken), broken)
-                if step.outcome.status != "ok" and describe(work, bounds) == unchanged:
-                    continue  # nothing the step reads changed: the same model serves the next op
-                there = key(work, bounds)
-                if there not in result.tree:
-                    result.tree[there] = (here, op)
-                    following.append((there, work))
-                    fresh += 1
+    try:
+        for k in range(1, depth + 1):
+            following: deque[tuple[State, BlockLedger]] = deque()
+            fresh = 0
+            while frontier:
+                if deadline is not None and time.monotonic() > deadline:
+                    result.timed_out, result.layers = True, result.layers[:k]
+                    result.seconds = time.monotonic() - t0
+                    return result
+                if stop.requested():  # a stop asked for (kvspec.stop): the depths completed stand
+                    stop.clear()
+                    result.interrupted, result.layers = True, result.layers[:k]
+                    result.seconds = time.monotonic() - t0
+                    return result
+                here, parent = frontier.popleft()
+                before, unchanged = parent.observe(), describe(parent, bounds)
                 work = clone(parent)
-        result.layers.append(fresh)
-        result.depth = k
-        if progress is not None:
-            progress(k, fresh, time.monotonic() - t0)
-        if result.counterexample is not None:
-            break
-        if not following:
-            result.complete = True
-            break
-        frontier = following
+                for op in ops(parent):
+                    step = work.step(op)
+                    after = work.observe()
+                    result.states += 1
+                    t = Transition(before, op, step.outcome, _events(step), after, config, semantics, KeyMemory())
+                    broken = {}
+                    for inv in judged:
+                        problems = inv.check(t)
+                        if problems is not None:  # None: the invariant does not apply to this step
+                            result.checked[inv.name] += 1
+                            if problems:
+                                broken[inv.name] = problems
+                    if broken and result.counterexample is None:
+                        path = [*result.path(here), op]
+                        result.counterexample = Found(path, list(broken), broken)
+                    if step.outcome.status != "ok" and describe(work, bounds) == unchanged:
+                        continue  # nothing the step reads changed: the same model serves the next op
+                    there = key(work, bounds)
+                    if there not in result.tree:
+                        result.tree[there] = (here, op)
+                        following.append((there, work))
+                        fresh += 1
+                    work = clone(parent)
+            result.layers.append(fresh)
+            result.depth = k
+            if progress is not None:
+                progress(k, fresh, time.monotonic() - t0)
+            if result.counterexample is not None:
+                break
+            if not following:
+                result.complete = True
+                break
+            frontier = following
+    except KeyboardInterrupt:  # out of a step of the search: the depths completed stand
+        stop.clear()
+        result.interrupted, result.layers = True, result.layers[: result.depth + 1]
     result.seconds = time.monotonic() - t0
     return result
 
