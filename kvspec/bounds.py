@@ -7,6 +7,7 @@ reads too) judge their flags with these, so one bad value reads the same whereve
 from __future__ import annotations
 
 import math
+import os
 
 
 def positive(name: str, value: float | None) -> str | None:
@@ -23,4 +24,22 @@ def at_least_one(name: str, value: int | None) -> str | None:
     return None
 
 
-__all__ = ["at_least_one", "positive"]
+def at_most(name: str, value: int | None, bound: int, why: str) -> str | None:
+    """Why ``value`` of option ``name`` is not between 1 and ``bound`` (``why``: the bound's reason), or None."""
+    low = at_least_one(name, value)
+    if low is None and value is not None and value > bound:
+        return f"{name} must be at most {bound} ({why}), not {value}"
+    return low
+
+
+WORKERS_PER_CPU = 4
+"""``--workers`` is at most this many processes per usable CPU: more only share the same cores (docs/workers.md)."""
+
+
+def max_workers() -> int:
+    """The most ``--workers`` this machine takes: :data:`WORKERS_PER_CPU` per CPU this process may run on."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return WORKERS_PER_CPU * cpus
+
+
+__all__ = ["WORKERS_PER_CPU", "at_least_one", "at_most", "max_workers", "positive"]

@@ -89,12 +89,29 @@ def _redis_client(url: str) -> Redis:
 
 def example_db_problem(where: ExampleDbLocation | None) -> str | None:
     """Why the example database at ``where`` cannot be used (checked before a run starts), or None."""
-    if where is None or isinstance(where, Path):
+    if where is None:
         return None
+    if isinstance(where, Path):
+        return _folder_problem(where)
     try:
         _redis_client(where).close()
     except ExampleDbError as exc:
         return str(exc)
+    return None
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot hold the example database: something else is there, or it cannot be made or written
+    (Hypothesis's folder database would drop every failure silently)."""
+    if folder.exists() and not folder.is_dir():
+        return f"{folder}: the example database is a folder (or a redis:// URL), and this is a file"
+    probe = folder / ".kvspec-probe"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        return f"{folder}: cannot keep the example database here: {exc.strerror or exc}"
     return None
 
 

@@ -142,7 +142,13 @@ def run_workers(factory: AdapterFactory, name: str, options: Options, workers: i
             mine = replace(options, seed=worker_seed(seed, i), cases_dir=options.cases_dir / f"worker-{i}", quiet=True)
             receive, send = ctx.Pipe(duplex=False)
             worker = ctx.Process(target=_work, args=(factory, name, mine, send), name=f"kvspec-worker-{i}")
-            worker.start()
+            try:
+                worker.start()
+            except OSError as exc:  # a process limit, no memory: the kit could not run, nothing was found
+                receive.close()
+                send.close()
+                why = f"could not start worker {i} of {workers}: {exc.strerror or exc}"
+                return not_started(name, replace(options, seed=seed), "error", why)
             track(worker)  # a second interrupt (the kit exits at once) kills it: its own group hears no Ctrl-C
             send.close()
             running[receive] = (i, worker)

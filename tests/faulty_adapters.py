@@ -205,3 +205,20 @@ class SlowClose(ReferencePagedAdapter):
 
     def close(self) -> None:
         time.sleep(20)
+
+
+class RaiseClose(ReferencePagedAdapter):
+    """Every call but close() is clean; close() raises."""
+
+    def close(self) -> None:
+        raise RuntimeError("close failed")
+
+
+class ApplyReturnsNone(ReferencePagedAdapter):
+    def apply(self, op):  # type: ignore[no-untyped-def]
+        super().apply(op)
+
+
+class ObserveReturnsNone(ReferencePagedAdapter):
+    def observe(self):  # type: ignore[no-untyped-def]
+        return None

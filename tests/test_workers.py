@@ -102,6 +102,39 @@ def test_workers_must_be_at_least_one(capsys: pytest.CaptureFixture[str]) -> Non
     assert err == "kvspec: --workers must be at least 1, not 0\n"
 
 
+def test_workers_are_at_most_four_per_usable_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvspec.bounds import max_workers
+
+    cap = max_workers()
+    assert main(["check", "--workers", str(cap + 1)]) == 2
+    assert capsys.readouterr().err == f"kvspec: --workers must be at most {cap} (4 per usable CPU), not {cap + 1}\n"
+
+
+def test_a_worker_that_cannot_be_forked_is_a_run_that_could_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A process limit (fork fails with BlockingIOError) after one worker started: exit 2 with the reason, the
+    started worker stopped, never a traceback read as a violation."""
+    from multiprocessing.process import BaseProcess
+
+    start = BaseProcess.start
+    started: list[BaseProcess] = []
+
+    def second_fails(self: BaseProcess) -> None:
+        if self.name == "kvspec-worker-1":
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        if self.name == "kvspec-worker-0":
+            started.append(self)
+        start(self)
+
+    monkeypatch.setattr(BaseProcess, "start", second_fails)
+    options = Options(seed=3, max_examples=100000, scenarios=False, cases_dir=tmp_path)
+    report = run_workers(ReferencePagedAdapter, "reference", options, 2)
+    assert report.status == "error" and report.exit_code == 2
+    assert report.error == "could not start worker 1 of 2: Resource temporarily unavailable"
+    assert started and not started[0].is_alive()
+
+
 def _part(status: str, rows: list[Row], steps: int = 10, error: str = "", seed: int = 0) -> Report:
     return Report(
         adapter="a",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from kvspec.bench.live.launcher import MODEL_SHAPES
 from kvspec.bench.live.workload import WorkloadShape
 from kvspec.bench.policy_ab import DEFAULT_FRACTIONS, BenchError, default_policies, load_policy, plot, run_ab, table
 from kvspec.bench.workloads import GENERATORS, Workload, generate
+from kvspec.bounds import at_least_one, positive
 from kvspec.report import ExitCode
 from kvspec.spec import SpecError
 from kvspec.vllm_env import INSTALL_HINT, vllm_installed
@@ -229,9 +231,25 @@ def cmd_policies(args: argparse.Namespace) -> int:
     return ExitCode.DONE
 
 
+def _live_out_of_bounds(args: argparse.Namespace) -> str | None:
+    """Why a number of ``bench live`` is out of its bounds (counts at least 1, timeouts positive), or None."""
+    counts = {"--requests": args.requests, "--prompt-tokens": args.prompt_tokens, "--output-tokens": args.output_tokens}
+    counts |= {"--concurrency": args.concurrency, "--pairs": args.pairs, "--block-size": args.block_size}
+    counts |= {"--num-blocks": args.num_blocks, "--max-num-seqs": args.max_num_seqs}
+    problems = [at_least_one(name, value) for name, value in counts.items()]
+    problems.append(positive("--startup-timeout", args.startup_timeout))
+    problems.append(positive("--request-timeout", args.request_timeout))
+    if args.shared_tokens < 0:
+        problems.append(f"--shared-tokens must be at least 0, not {args.shared_tokens}")
+    if not math.isfinite(args.settle) or args.settle < 0:
+        problems.append(f"--settle must be a number of seconds of at least 0, not {args.settle:g}")
+    return next((p for p in problems if p is not None), None)
+
+
 def cmd_live(args: argparse.Namespace) -> int:
     """Redraw a saved result (``--from-json``), or run the benchmark with the options as given."""
-    problem = unwritable(args.plot) if args.from_json is not None else unwritable(args.json, args.plot)
+    problem = unwritable(args.plot) if args.from_json is not None else _live_out_of_bounds(args)
+    problem = problem or (unwritable(args.json, args.plot) if args.from_json is None else None)
     if problem is not None:
         return fail(problem, "kvspec bench live")
     if args.from_json is not None:

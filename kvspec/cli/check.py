@@ -8,8 +8,8 @@ from typing import Any
 
 from kvspec.adapter import AdapterFactory
 from kvspec.adapters import AdapterLoadError, available, load
-from kvspec.adapters.isolation import IsolatedAdapter
-from kvspec.bounds import at_least_one, positive
+from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
+from kvspec.bounds import WORKERS_PER_CPU, at_most, max_workers, positive
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report
 from kvspec.stateful_tests import AdapterHung, Options, not_started, replay_ops
@@ -65,7 +65,9 @@ def _bad_options(args: argparse.Namespace) -> str | None:
         _options(args)
     except ValueError as exc:  # a run option's problem (options.py), said as its flag says it
         return str(exc)
-    problem = at_least_one("--workers", args.workers) or unwritable(args.report, args.junit, args.html)
+    cap = max_workers()
+    workers = at_most("--workers", args.workers, cap, f"{WORKERS_PER_CPU} per usable CPU")
+    problem = workers or unwritable(args.report, args.junit, args.html)
     if problem is None and args.html is not None:
         from kvspec.show import matplotlib_missing
 
@@ -137,15 +139,28 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"VIOLATED adapter_contract at step {hung.step}:\n{hung}")
         return ExitCode.VIOLATED
     finally:
-        adapter.close()
+        closed = _close(adapter)
     for i, op in enumerate(case.ops):
         print(f"  {i:>3}. {op}")
     expected = case.expected.get("invariant")
+    if violation is None and closed is not None:  # as in kvspec check: a close that fails is the adapter's finding
+        print(f"VIOLATED adapter_contract after step {len(case.ops) - 1}:\n  adapter_contract: close() {closed}")
+        return ExitCode.VIOLATED
     if violation is None:
         print(f"every invariant held on {len(case.ops)} ops" + (f" (the case expected {expected})" if expected else ""))
         return ExitCode.HELD
     print(f"VIOLATED {violation.invariant} at step {violation.step}:\n{violation}")
     return ExitCode.VIOLATED
+
+
+def _close(adapter: IsolatedAdapter) -> str | None:
+    """Close ``adapter``; what went wrong (it raised, hung or died), or None."""
+    try:
+        adapter.close()
+    except Exception as exc:
+        kind = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
+        return f"raised {kind}: {exc}"
+    return None
 
 
 def cmd_adapters(args: argparse.Namespace) -> int:

@@ -13,12 +13,35 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvspec import stop
+from kvspec.bounds import at_least_one, at_most, positive
 from kvspec.report import ExitCode, now
 
 from .common import fail, unwritable
 
 if TYPE_CHECKING:
     from kvspec.spec.formal.symbolic import Encoding
+
+
+MAX_BMC_DEPTH = 64
+"""``kvspec bmc --depth``: each depth is one bit-blasted query over the whole path (depth 9 of 4 blocks already
+takes minutes here)."""
+MAX_K = 16
+"""``kvspec prove --max-k``: the induction's path grows with k as BMC's does; the committed proofs need k <= 2."""
+_SECONDS = ("time_limit", "step_timeout", "time_per_goal", "per_condition_timeout", "budget")
+
+
+def _out_of_bounds(args: argparse.Namespace) -> str | None:
+    """Why a numeric option of a formal command is out of its bounds (in the words of kvspec.bounds), or None:
+    judged before any work starts, so a value that would check nothing or never end is exit 2."""
+    given = [dest for dest in _SECONDS if hasattr(args, dest)]
+    problems = [positive("--" + dest.replace("_", "-"), getattr(args, dest)) for dest in given]
+    if args.command == "bmc":
+        problems.append(at_most("--depth", args.depth, MAX_BMC_DEPTH, "one query over the whole path per depth"))
+    elif hasattr(args, "depth"):
+        problems.append(at_least_one("--depth", args.depth))
+    if hasattr(args, "max_k"):
+        problems.append(at_most("--max-k", args.max_k, MAX_K, "the induction's path grows with k"))
+    return next((p for p in problems if p is not None), None)
 
 
 def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:
@@ -147,7 +170,7 @@ def cmd_bmc(args: argparse.Namespace) -> int:
     from kvspec.spec.formal.symbolic_invariants import SAFETY
     from kvspec.stateful_tests.formal_reports import bmc_report, save_counterexample
 
-    problem = unwritable(args.report, args.junit)
+    problem = _out_of_bounds(args) or unwritable(args.report, args.junit)
     if problem is not None:
         return fail(problem)
     started = now()
@@ -202,7 +225,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvspec.spec.formal.symbolic_invariants import AUXILIARY
     from kvspec.stateful_tests.formal_reports import prove_report
 
-    problem = unwritable(args.report, args.junit)
+    problem = _out_of_bounds(args) or unwritable(args.report, args.junit)
     if problem is not None:
         return fail(problem)
     if args.engine == "pdr":
@@ -318,11 +341,9 @@ def cmd_explore(args: argparse.Namespace) -> int:
     from kvspec.stateful_tests.formal_reports import save_counterexample
     from kvspec.stateful_tests.reachable import Drive, explore_report
 
-    problem = unwritable(args.report, args.junit)
+    problem = _out_of_bounds(args) or unwritable(args.report, args.junit)
     if problem is not None:
         return fail(problem)
-    if args.depth < 1:
-        return fail("--depth must be at least 1")
     started = now()
     try:
         bounds = _bounds(args)
@@ -419,6 +440,9 @@ def _drive(args: argparse.Namespace, adapter: Any, result: Any, bounds: Any, cas
 def cmd_scenarios(args: argparse.Namespace) -> int:
     from kvspec.stateful_tests.bounded import SCENARIO_DIR, generate, save
 
+    problem = _out_of_bounds(args)
+    if problem is not None:
+        return fail(problem)
     try:
         bounds = _bounds(args)
 
@@ -442,6 +466,9 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_crosshair(args: argparse.Namespace) -> int:
     from kvspec.stateful_tests.crosshair_run import REFERENCE_TARGETS, run_crosshair
 
+    problem = _out_of_bounds(args)
+    if problem is not None:
+        return fail(problem)
     targets = args.targets or list(REFERENCE_TARGETS)
     limits = f"per condition {args.per_condition_timeout:g} s, budget {args.budget:g} s"
     print(f"crosshair check {' '.join(targets)} ({limits})")

@@ -154,6 +154,8 @@ def cmd_baseline_add(args: argparse.Namespace) -> int:
     from kvspec.gate import Baseline, Entry, GateConfigError
     from kvspec.gate import config as declared
 
+    if args.versions and not args.versions.strip():  # given, but blank: not the default "every release"
+        return fail("--versions is blank: give a version specifier such as '>=0.10.2,<0.24', or leave it out")
     path = args.baseline
     if path is None:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapters.vllm_live.server import ServerConfig, ServerStartError, TinyServer
+from kvspec.bounds import at_least_one, positive
 from kvspec.report import ExitCode
 
 from .common import fail, unwritable
@@ -43,11 +44,9 @@ def register(subparsers: Any) -> None:
 def serve_tiny(args: argparse.Namespace) -> int:
     """Run :class:`TinyServer` until interrupted; print its endpoints once it is healthy."""
     sizes = {"--num-gpu-blocks": args.num_gpu_blocks, "--block-size": args.block_size}
-    sizes |= {"--max-model-len": args.max_model_len, "--max-num-seqs": args.max_num_seqs, "--timeout": args.timeout}
-    bad = [name for name, value in sizes.items() if value is not None and value <= 0]
-    if bad:
-        return fail(f"{', '.join(bad)} must be positive", "kvspec serve-tiny")
-    problem = unwritable(args.json)
+    sizes |= {"--max-model-len": args.max_model_len, "--max-num-seqs": args.max_num_seqs}
+    problems = [at_least_one(name, value) for name, value in sizes.items()] + [positive("--timeout", args.timeout)]
+    problem = next((p for p in problems if p is not None), None) or unwritable(args.json)
     if problem is not None:
         return fail(problem, "kvspec serve-tiny")
     config = ServerConfig(

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
-from kvspec.bounds import positive
+from kvspec.bounds import at_least_one, positive
 from kvspec.report import ExitCode
 from kvspec.spec import Config
 from kvspec.traces import AUTO, FORMATS, TraceFormatError, TraceOptions, check_trace, values
@@ -175,7 +175,15 @@ def check_interrupted(args: argparse.Namespace) -> None:
 
 def cmd_record(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
-    from kvspec.traces.record import RandomOps, RecordedStep, drive, load_ops, write_kvspec_trace, write_side_table
+    from kvspec.traces.record import (
+        MalformedAnswer,
+        RandomOps,
+        RecordedStep,
+        drive,
+        load_ops,
+        write_kvspec_trace,
+        write_side_table,
+    )
 
     try:
         jsonio.ensure_writable(args.out)
@@ -191,6 +199,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         except ValueError as exc:
             return fail(f"{args.ops}: {exc}")
     problem = positive("--step-timeout", args.step_timeout) or positive("--snapshot-every", args.snapshot_every)
+    problem = problem or (at_least_one("--steps", args.steps) if ops is None else None)
     if problem is not None:
         return fail(problem)
     try:
@@ -218,10 +227,16 @@ def cmd_record(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # what was recorded up to here is still written
         print(f"kvspec: interrupted at step {len(recorded)}", file=sys.stderr)
         code = ExitCode.COULD_NOT_RUN
+    except MalformedAnswer as exc:  # the contract's types: what the adapter answered well up to here is written
+        print(f"kvspec: adapter {args.adapter!r} answered malformed {exc}", file=sys.stderr)
+        code = ExitCode.COULD_NOT_RUN
     except Exception as exc:  # the adapter is user code (it ran in a child): what it did up to here is still written
         kind = exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
         print(f"kvspec: adapter {args.adapter!r} failed at step {len(recorded)}: {kind}: {exc}", file=sys.stderr)
         code = ExitCode.COULD_NOT_RUN
+    if not recorded and code != ExitCode.HELD:  # not even a first observation to write a trace from
+        adapter.close()
+        return code
     try:
         if args.format == "side-table":
             write_side_table(args.out, adapter, config, recorded)

@@ -98,16 +98,24 @@ def find(folder: Path) -> Path | None:
     """The file that declares the gate in ``folder``: kvspec.toml, or a pyproject.toml with [tool.kvspec]."""
     for name in CONFIG_FILES:
         path = folder / name
-        if path.is_file() and (name == "kvspec.toml" or "kvspec" in _toml(path).get("tool", {})):
+        if path.is_file() and (name == "kvspec.toml" or "kvspec" in _tool(_toml(path), path)):
             return path
     return None
+
+
+def _tool(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """pyproject.toml's [tool] table ({} when absent); GateConfigError when ``tool`` is something else."""
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise GateConfigError(f"{path}: 'tool' must be a table ([tool.kvspec]), not {type(tool).__name__}")
+    return tool
 
 
 def load(path: Path) -> GateConfig:
     """The gate declared in ``path`` (kvspec.toml, or pyproject.toml's [tool.kvspec])."""
     data = _toml(path)
     if path.name != "kvspec.toml":
-        data = data.get("tool", {}).get("kvspec")
+        data = _tool(data, path).get("kvspec")
         if data is None:
             raise GateConfigError(f"{path}: no [tool.kvspec] section")
     if not isinstance(data, dict):

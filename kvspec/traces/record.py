@@ -17,6 +17,7 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapter import Adapter
+from kvspec.adapter.answers import malformed, malformed_observation
 from kvspec.spec import Config, Event, Observation, Op, Outcome
 from kvspec.spec.block_key import Prefix, block_keys
 from kvspec.spec.ledger import BlockLedger
@@ -111,18 +112,30 @@ class RandomOps:
 def drive(
     adapter: Adapter, config: Config, ops: Sequence[Op] | Callable[[Observation], Op], steps: int | None = None
 ) -> Iterator[RecordedStep]:
-    """Reset ``adapter`` to ``config`` and apply ``ops`` (a list, or a function of the ledger and ``steps``)."""
+    """Reset ``adapter`` to ``config`` and apply ``ops`` (a list, or a function of the ledger and ``steps``).
+
+    Every answer is held to the adapter contract's types before it is recorded: a malformed one raises
+    :class:`MalformedAnswer` (the steps before it were yielded)."""
     adapter.reset(config)
     adapter.events()  # drop anything left from before the reset
     obs = adapter.observe()
+    if malformed_observation(obs):
+        raise MalformedAnswer(f"before the first step: {'; '.join(malformed_observation(obs))}")
     count = len(ops) if isinstance(ops, Sequence) else steps or 0
     for i in range(count):
         op = ops[i] if isinstance(ops, Sequence) else ops(obs)
         outcome = adapter.apply(op)
         events = adapter.events()
         after = adapter.observe()
+        problems = malformed(outcome, events, after)
+        if problems:
+            raise MalformedAnswer(f"at step {i} ({op}): {'; '.join(problems)}")
         yield RecordedStep(i, obs, op, outcome, events, after)
         obs = after
+
+
+class MalformedAnswer(ValueError):
+    """An adapter answered with something that is not what the adapter contract's types say (kvspec.adapter)."""
 
 
 def write_kvspec_trace(

@@ -65,6 +65,12 @@ SEMANTICS = Semantics(granularity="block", eviction="lru", hit_cap=True, reset_r
 """The semantics ``Encoding`` encodes; the reference paged adapter declares the same."""
 
 
+MAX_BOUNDS = {"blocks": 32, "requests": 16, "block_size": 16, "alphabet": 16, "max_append": 64}
+"""The largest bounds a formal command takes: the Z3 terms and the explicit state space grow exponentially with
+them (the committed runs use at most 6 blocks and 3 requests); past these a command is refused (exit 2), not
+left to run out of memory."""
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The bounded pool: ``blocks`` (N), ``requests`` (R), ``block_size`` (B), token ids below ``alphabet``.
@@ -85,6 +91,11 @@ class Bounds:
     def __post_init__(self) -> None:
         if self.blocks < 1 or self.requests < 1 or self.block_size < 1 or self.alphabet < 1:
             raise ValueError("blocks, requests, block_size and alphabet must be positive")
+        for name, most in MAX_BOUNDS.items():
+            value = getattr(self, name)
+            if value > most:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be at most {most} (a bounded model is a small instance), not {value}")
         if self.arith not in ("bv", "int"):
             raise ValueError(f"arith must be 'bv' or 'int', not {self.arith!r}")
         if self.max_append < 0:

@@ -1,0 +1,71 @@
+"""Every numeric option of every command, probed with a malformed value: generated from the parser, so a new
+option without a bound fails here. The contract (README: exit codes): exit 2 with one line on stderr and no
+traceback, before any work starts. An option whose every value of its type is meaningful says why in ANY_VALUE.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+import pytest
+from clirun import kvspec
+
+from kvspec.cli import build_parser
+
+ANY_VALUE: dict[tuple[str, str], str] = {
+    ("check", "--seed"): "any integer seeds the run",
+    ("gate", "--seed"): "any integer seeds the run",
+    ("bench workloads", "--seed"): "any integer seeds the workloads",
+    ("bench policies", "--seed"): "any integer seeds the workloads",
+    ("bench live", "--seed"): "any integer seeds the workloads",
+    ("trace record", "--seed"): "any integer seeds the run",
+}
+"""Options that take every value of their type, each with the reason."""
+
+# A value each type must refuse: a negative count or length, a number that is not a number.
+MALFORMED = {int: ["-1"], float: ["-1", "nan"]}
+
+
+def numeric_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, str, type]]:
+    """(command, flag, type) of every int or float option, the subcommands' too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from numeric_options(sub, (*path, name))
+        elif action.option_strings and action.type in MALFORMED:
+            yield " ".join(path), action.option_strings[-1], action.type
+
+
+def required(command: str) -> list[str]:
+    """What the command needs besides the probed option to get past its parse (a file that does not matter)."""
+    return {
+        "replay": ["case.json"],
+        "show": ["case.json", "--out", "case.svg"],
+        "bench workloads": ["--out", "workloads"],
+        "trace check": ["run.jsonl"],
+        "trace convert": ["run.jsonl", "--from", "kvfabric", "--to", "side-table", "--out", "o.jsonl"],
+        "trace record": ["--out", "o.jsonl"],
+    }.get(command, [])
+
+
+PROBES = [
+    (command, flag, value)
+    for command, flag, kind in numeric_options(build_parser())
+    if (command, flag) not in ANY_VALUE
+    for value in MALFORMED[kind]
+]
+
+
+def test_the_probes_cover_every_numeric_option() -> None:
+    options = {(c, f) for c, f, _ in numeric_options(build_parser())}
+    assert len(options) > 60 and {(c, f) for c, f, _ in PROBES} | set(ANY_VALUE) == options
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "flag", "value"), PROBES, ids=[f"{c} {f} {v}" for c, f, v in PROBES])
+def test_a_malformed_number_is_refused_in_one_line(command: str, flag: str, value: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run = kvspec(*command.split(), *required(command), f"{flag}={value}", cwd=tmp_path, limit=30)
+    lines = run.err.strip().splitlines()
+    assert run.code == 2 and len(lines) == 1 and "Traceback" not in run.err, (run.code, run.err[-1500:])
+    assert flag in lines[0] or "usage" not in lines[0], lines

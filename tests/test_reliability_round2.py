@@ -1,0 +1,103 @@
+"""The second round of reliability probes (the contract of README's exit codes): each command here broke it
+before its fix: a traceback, a false pass, or a result dropped without a word."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from clirun import kvspec
+
+from kvspec.cli import main
+
+TESTS = Path(__file__).resolve().parent
+
+
+def one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, (code, err)
+    return err
+
+
+@pytest.fixture
+def case(tmp_path: Path) -> Path:
+    """A saved case: two ops on the reference adapter."""
+    path = tmp_path / "case.json"
+    ops = [{"op": "admit", "req": "r1", "tokens": [0, 0, 1, 0]}, {"op": "release", "req": "r1"}]
+    data = {"kvspec_case": 1, "adapter": "reference", "config": {"capacity": 4, "block_size": 2}, "ops": ops}
+    path.write_text(json.dumps({**data, "expected": {}}))
+    return path
+
+
+def test_an_example_database_that_is_a_file_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Hypothesis's folder database on a regular file keeps nothing: the run would pass and drop its failures."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    err = one_line_exit_2(capsys, ["check", "--example-db", str(afile), "--max-examples", "2"])
+    assert "is a file" in err
+
+
+@pytest.mark.parametrize("tool", ["tool = 3", 'tool = ["kvspec"]'])
+@pytest.mark.parametrize("command", [["gate"], ["baseline", "add", "CASE", "--reason", "r"]])
+def test_a_tool_key_that_is_not_a_table_is_one_line(
+    tool: str, command: list[str], case: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "pyproject.toml").write_text(tool + "\n")
+    monkeypatch.chdir(tmp_path)
+    err = one_line_exit_2(capsys, [str(case) if a == "CASE" else a for a in command])
+    assert "'tool' must be a table" in err
+
+
+def test_blank_versions_are_not_every_version(case: Path, tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    err = one_line_exit_2(capsys, ["baseline", "add", str(case), "--reason", "r", "--versions", "   "])
+    assert "--versions is blank" in err and not (tmp_path / "kvspec-baseline.json").exists()
+
+
+def test_a_replay_whose_close_raises_is_the_adapter_s_finding(case: Path) -> None:
+    run = kvspec("replay", str(case), "--adapter", "faulty_adapters:RaiseClose")
+    assert run.code == 1 and "Traceback" not in run.err, run.err
+    assert "adapter_contract: close() raised RuntimeError: close failed" in run.out
+
+
+@pytest.mark.parametrize(
+    ("adapter", "said"),
+    [
+        ("ApplyReturnsNone", "at step 0 (admit("),
+        ("ObserveReturnsNone", "before the first step: observe() returned None, not an Observation"),
+    ],
+)
+def test_trace_record_with_malformed_answers_is_one_line(adapter: str, said: str, tmp_path: Path) -> None:
+    out = tmp_path / "run.jsonl"
+    run = kvspec("trace", "record", "--adapter", f"faulty_adapters:{adapter}", "--steps", "5", "--out", str(out))
+    assert run.code == 2 and run.err.count("\n") == 1 and "Traceback" not in run.err, run.err
+    assert said in run.err
+
+
+def test_reports_are_written_with_the_process_umask(tmp_path: Path) -> None:
+    """Not mkstemp's 0600: a CI step of another user must read the artefacts it uploads."""
+    report = tmp_path / "r.json"
+    old = os.umask(0o022)
+    try:
+        assert main(["check", "--max-examples", "2", "--no-scenarios", "--quiet", "--report", str(report)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(report.stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["bmc", "--depth", "-1"], "--depth must be at least 1, not -1"),
+        (["prove", "--max-k", "-1"], "--max-k must be at least 1, not -1"),
+        (["explore", "--blocks", "1000000000"], "--blocks must be at most 32"),
+        (["bmc", "--blocks", "1000000000"], "--blocks must be at most 32"),
+        (["explore", "--blocks", "2", "--requests", "1000000000"], "--requests must be at most 16"),
+    ],
+)
+def test_formal_commands_check_their_bounds_first(argv: list[str], said: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert said in one_line_exit_2(capsys, argv)
