@@ -113,7 +113,7 @@ def _tool(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def load(path: Path) -> GateConfig:
     """The gate declared in ``path`` (kvspec.toml, or pyproject.toml's [tool.kvspec])."""
-    data = _toml(path)
+    data: Any = _toml(path)
     if path.name != "kvspec.toml":
         data = _tool(data, path).get("kvspec")
         if data is None:
