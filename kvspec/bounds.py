@@ -17,6 +17,19 @@ def positive(name: str, value: float | None) -> str | None:
     return None
 
 
+MIN_STEP_TIMEOUT = 0.1
+"""The shortest ``--step-timeout`` in seconds: one call's round trip to the adapter's child takes milliseconds on a
+loaded machine, so a shorter limit would call a healthy step hung, and below ~50 ms it was not even enforced."""
+
+
+def step_timeout(name: str, value: float | None) -> str | None:
+    """Why ``value`` of a step timeout option is not a number of seconds of at least :data:`MIN_STEP_TIMEOUT`."""
+    problem = positive(name, value)
+    if problem is None and value is not None and value < MIN_STEP_TIMEOUT:
+        return f"{name} must be at least {MIN_STEP_TIMEOUT:g} s (an adapter call's round trip), not {value:g}"
+    return problem
+
+
 def at_least_one(name: str, value: int | None) -> str | None:
     """Why ``value`` of option ``name`` is not a whole number of at least 1, or None (None means no value)."""
     if value is not None and value < 1:
@@ -42,4 +55,4 @@ def max_workers() -> int:
     return WORKERS_PER_CPU * cpus
 
 
-__all__ = ["WORKERS_PER_CPU", "at_least_one", "at_most", "max_workers", "positive"]
+__all__ = ["MIN_STEP_TIMEOUT", "WORKERS_PER_CPU", "at_least_one", "at_most", "max_workers", "positive", "step_timeout"]

@@ -14,7 +14,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvspec.bounds import at_least_one, positive
+from kvspec.bounds import at_least_one, step_timeout
 from kvspec.case import Case
 
 from .example_db import ExampleDbError, ExampleDbLocation, example_db_problem, parse_example_db
@@ -194,7 +194,7 @@ class Options:
             "--step-timeout",
             plugin="--kvspec-step-timeout",
             type=float,
-            problem=positive,
+            problem=step_timeout,
             help="seconds before a step counts as hung",
         ),
     )

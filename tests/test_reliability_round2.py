@@ -101,3 +101,27 @@ def test_reports_are_written_with_the_process_umask(tmp_path: Path) -> None:
 )
 def test_formal_commands_check_their_bounds_first(argv: list[str], said: str, capsys) -> None:  # type: ignore[no-untyped-def]
     assert said in one_line_exit_2(capsys, argv)
+
+
+def test_a_vllm_events_line_nested_too_deep_is_its_own_line_in_one_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "deep.jsonl"
+    deep = '{"seq": 1, "ts": 2.0, "events": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    config = json.dumps({"config": {"block_size": 16, "num_gpu_blocks": 64}})
+    log.write_text("\n".join([config, json.dumps({"seq": 0, "ts": 1.0, "events": []}), deep]) + "\n")
+    err = one_line_exit_2(capsys, ["trace", "check", str(log), "--format", "vllm-events"])
+    assert err == f"kvspec: {log}:3: not JSON the kit reads: nested too deeply\n"
+
+
+def test_a_block_id_beyond_64_bits_is_a_malformed_line(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "side.jsonl"
+    header = {"kvspec_side_table": 1, "source": "x", "block_size": 4}
+    alloc = {"event": "block_allocated", "seq": 1, "step": 0, "block_id": 10**40, "ref_count": 1, "state": "allocated"}
+    log.write_text(json.dumps(header) + "\n" + json.dumps(alloc) + "\n")
+    err = one_line_exit_2(capsys, ["trace", "check", str(log)])
+    assert "field 'block_id' must be a 64-bit integer, not one of 41 digits" in err
+
+
+@pytest.mark.parametrize("command", [["check"], ["replay", "CASE"], ["explore"], ["gate"]])
+def test_a_step_timeout_below_the_round_trip_is_refused(command: list[str], case: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    err = one_line_exit_2(capsys, [str(case) if a == "CASE" else a for a in command] + ["--step-timeout", "0.01"])
+    assert "--step-timeout must be at least 0.1 s" in err

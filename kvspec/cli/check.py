@@ -9,7 +9,7 @@ from typing import Any
 from kvspec.adapter import AdapterFactory
 from kvspec.adapters import AdapterLoadError, available, load
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
-from kvspec.bounds import WORKERS_PER_CPU, at_most, max_workers, positive
+from kvspec.bounds import WORKERS_PER_CPU, at_most, max_workers, step_timeout
 from kvspec.case import Case
 from kvspec.report import ExitCode, Report
 from kvspec.stateful_tests import AdapterHung, Options, not_started, replay_ops
@@ -121,7 +121,7 @@ def check_interrupted(args: argparse.Namespace) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Replay a case's ops on an adapter (the case's own by default), each call under the step timeout."""
-    problem = positive("--step-timeout", args.step_timeout)
+    problem = step_timeout("--step-timeout", args.step_timeout)
     if problem is not None:
         return fail(problem)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvspec import stop
-from kvspec.bounds import at_least_one, at_most, positive
+from kvspec.bounds import at_least_one, at_most, positive, step_timeout
 from kvspec.report import ExitCode, now
 
 from .common import fail, unwritable
@@ -27,7 +27,7 @@ MAX_BMC_DEPTH = 64
 takes minutes here)."""
 MAX_K = 16
 """``kvspec prove --max-k``: the induction's path grows with k as BMC's does; the committed proofs need k <= 2."""
-_SECONDS = ("time_limit", "step_timeout", "time_per_goal", "per_condition_timeout", "budget")
+_SECONDS = ("time_limit", "time_per_goal", "per_condition_timeout", "budget")
 
 
 def _out_of_bounds(args: argparse.Namespace) -> str | None:
@@ -35,6 +35,8 @@ def _out_of_bounds(args: argparse.Namespace) -> str | None:
     judged before any work starts, so a value that would check nothing or never end is exit 2."""
     given = [dest for dest in _SECONDS if hasattr(args, dest)]
     problems = [positive("--" + dest.replace("_", "-"), getattr(args, dest)) for dest in given]
+    if hasattr(args, "step_timeout"):
+        problems.append(step_timeout("--step-timeout", args.step_timeout))
     if args.command == "bmc":
         problems.append(at_most("--depth", args.depth, MAX_BMC_DEPTH, "one query over the whole path per depth"))
     elif hasattr(args, "depth"):

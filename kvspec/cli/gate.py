@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvspec.bounds import positive
+from kvspec.bounds import positive, step_timeout
 
 from .common import fail, unreadable, unwritable
 
@@ -112,7 +112,7 @@ def _config(args: argparse.Namespace) -> Any:
 def _bad_options(args: argparse.Namespace) -> str | None:
     if args.max_examples is not None and args.max_examples < 1:
         return f"--max-examples must be at least 1, not {args.max_examples}"
-    return positive("--step-timeout", args.step_timeout) or positive("--time-budget", args.time_budget)
+    return step_timeout("--step-timeout", args.step_timeout) or positive("--time-budget", args.time_budget)
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

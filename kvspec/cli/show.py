@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvspec.bounds import positive
+from kvspec.bounds import step_timeout
 from kvspec.report import ExitCode
 
 from .common import fail, unreadable, unwritable
@@ -38,7 +38,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     if args.out.suffix.lstrip(".") not in FORMATS:
         return fail(f"{args.out}: --out must end in {', '.join('.' + f for f in FORMATS)}")
-    problem = positive("--step-timeout", args.step_timeout) or unwritable(args.out) or matplotlib_missing()
+    problem = step_timeout("--step-timeout", args.step_timeout) or unwritable(args.out) or matplotlib_missing()
     if problem is not None:
         return fail(problem)
     from kvspec.adapters import AdapterLoadError, load

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapters.isolation import IsolatedAdapter, RemoteError
-from kvspec.bounds import at_least_one, positive
+from kvspec.bounds import at_least_one, positive, step_timeout
 from kvspec.report import ExitCode
 from kvspec.spec import Config
 from kvspec.traces import AUTO, FORMATS, TraceFormatError, TraceOptions, check_trace, values
@@ -198,7 +198,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             return fail(f"{args.ops}: cannot read the ops: {exc.strerror or exc}")
         except ValueError as exc:
             return fail(f"{args.ops}: {exc}")
-    problem = positive("--step-timeout", args.step_timeout) or positive("--snapshot-every", args.snapshot_every)
+    problem = step_timeout("--step-timeout", args.step_timeout) or positive("--snapshot-every", args.snapshot_every)
     problem = problem or (at_least_one("--steps", args.steps) if ops is None else None)
     if problem is not None:
         return fail(problem)

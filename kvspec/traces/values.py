@@ -27,10 +27,17 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+INT64 = 2**63
+"""Every integer field of a log (ids, counts, sequence numbers) is a 64-bit one in any engine that writes it;
+beyond that it is a malformed line, not a pool of 10^40 blocks (block hashes are read by :func:`block_hash`)."""
+
+
 def integer(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an int: not a float (even ``2.0``) and not a boolean, within the bounds given."""
+    """``value`` as an int: not a float (even ``2.0``) and not a boolean, within the bounds given (and 64 bits)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"field {name!r} must be an integer, not {_shown(value)}")
+    if not -INT64 <= value < INT64:
+        raise ValueError(f"field {name!r} must be a 64-bit integer, not one of {len(str(abs(value)))} digits")
     if minimum is not None and value < minimum:
         raise ValueError(f"field {name!r} must be >= {minimum}, not {value}")
     if maximum is not None and value > maximum:

@@ -65,7 +65,7 @@ def _decoder() -> Callable[[bytes], Any] | None:
             return None
         try:
             found = decode(chunk)
-        except error:
+        except (error, RecursionError):  # the strict reader says what is wrong (a nesting too deep, by its line)
             return None
         if (
             found.gap is not unset

@@ -244,7 +244,7 @@ def _top_kind() -> Callable[[bytes], str | None] | None:
     def kind(chunk: bytes) -> str | None:
         try:
             top = decode(chunk)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # nested too deep for msgspec, too
             return None  # read it whole: the strict reader says what it is
         present = [name for name in fields if getattr(top, name) is not unset]  # in kind_of's order
         if present and present[0] not in ("seq", "events"):
