@@ -101,6 +101,20 @@ def write(path: Path, value: Any, indent: int | None = 2) -> None:
     write_text(path, dumps(value, indent))
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why files cannot be made in ``folder`` (made when the first is written), or None; nothing is created.
+
+    The nearest part of the path that exists must be a folder this process can write into."""
+    here = Path(folder)
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return f"{folder}: cannot make this folder: {here} is a file"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"{folder}: cannot write here: {here} is not writable"
+    return None
+
+
 def ensure_writable(path: Path) -> None:
     """Raise OSError (with the reason) unless a file can be created at ``path``: checked before a run starts."""
     folder = path.parent

@@ -25,7 +25,7 @@ from .findings import not_started
 from .harness import Tally
 from .hypothesis_engine import run_check
 from .live import LIVE_PROFILES, run_live
-from .options import Options
+from .options import LiveTarget, Options
 from .swarm import run_swarm
 
 ENGINES = {"hypothesis": run_check, "swarm": run_swarm}
@@ -46,6 +46,12 @@ def check_adapter(factory: AdapterFactory, name: str, options: Options) -> Repor
         return not_started(name, options, "error", f"the adapter could not start: {_reason(exc)}")
     if live:
         return _check_live(built, name, options)
+    given = _live_flags_given(options)
+    if given:  # they would be ignored without a word
+        adapter.close()
+        what = "is an option" if len(given) == 1 else "are options"
+        why = f"{', '.join(given)} {what} of live adapters; {name} is not one"
+        return not_started(name, options, "error", why)
     scenarios = _scenario_cases(adapter) if options.scenarios else []
     extra = [*options.given_cases, *scenarios]
     progress = None if options.quiet else _progress()
@@ -97,6 +103,13 @@ def _missing_live(built: object) -> list[str]:
     """The LiveAdapter protocol's methods and properties that ``built``'s class lacks (read on the class: a property
     such as ``url`` may raise before ``start``, so ``isinstance`` on the runtime protocol cannot be used)."""
     return [m for m in _LIVE_MEMBERS if not hasattr(type(built), m)]
+
+
+def _live_flags_given(options: Options) -> list[str]:
+    """The live adapters' flags given other values than their defaults."""
+    default = LiveTarget()
+    names = {"url": "--url", "events": "--events", "replay": "--replay", "record": "--record", "mode": "--mode"}
+    return [flag for field, flag in names.items() if getattr(options.live, field) != getattr(default, field)]
 
 
 def _reason(exc: Exception) -> str:

@@ -41,6 +41,8 @@ class ExampleDbError(ValueError):
 
 def parse_example_db(text: str) -> ExampleDbLocation:
     """``text`` as a location: a ``redis://`` or ``rediss://`` URL (checked, not connected), else a folder."""
+    if not text.strip():
+        raise ExampleDbError("the example database is empty: give a folder or a redis:// URL")
     if "://" not in text:
         return Path(text)
     parts = urlsplit(text)

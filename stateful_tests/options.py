@@ -16,6 +16,7 @@ from typing import Any
 
 from kvspec.bounds import at_least_one, step_timeout
 from kvspec.case import Case
+from kvspec.jsonio import folder_problem
 
 from .example_db import ExampleDbError, ExampleDbLocation, example_db_problem, parse_example_db
 from .strategies import DEFAULT_RANGES, PoolRanges
@@ -100,6 +101,19 @@ def _not(value: bool) -> bool:
 _LIVE = "live adapters (vllm-live)"
 
 
+def _given(name: str, text: str | None) -> str | None:
+    """Why a text option is given empty (an empty endpoint or URL would be read as none at all)."""
+    return f"{name} is empty" if text is not None and not text.strip() else None
+
+
+def _folder(name: str, path: Path | None) -> str | None:
+    return None if path is None else folder_problem(path)
+
+
+def _file(name: str, path: Path | None) -> str | None:
+    return None if path is None else folder_problem(path.parent)
+
+
 @dataclass(frozen=True)
 class LiveTarget:
     """Where a live adapter finds its server (``url`` None: the kit starts its tiny one), and what it records."""
@@ -108,6 +122,7 @@ class LiveTarget:
         default=None,
         metadata=flag(
             "--url",
+            problem=_given,
             plugin="--kvspec-vllm-url",
             group=_LIVE,
             help="check this running server instead of starting the tiny one",
@@ -117,6 +132,7 @@ class LiveTarget:
         default=None,
         metadata=flag(
             "--events",
+            problem=_given,
             plugin="--kvspec-vllm-events",
             group=_LIVE,
             help="its KV event PUB endpoint (e.g. ipc:///path or tcp://host:port)",
@@ -126,6 +142,7 @@ class LiveTarget:
         default=None,
         metadata=flag(
             "--replay",
+            problem=_given,
             plugin="--kvspec-vllm-replay",
             group=_LIVE,
             help="its KV event replay endpoint, to fill sequence gaps",
@@ -133,7 +150,9 @@ class LiveTarget:
     )
     record: Path | None = field(
         default=None,
-        metadata=flag("--record", group=_LIVE, type=Path, metavar="FILE", help="record the run as JSON lines here"),
+        metadata=flag(
+            "--record", group=_LIVE, type=Path, problem=_file, metavar="FILE", help="record the run as JSON lines here"
+        ),
     )
     mode: str = field(
         default="both",
@@ -186,7 +205,8 @@ class Options:
         ),
     )
     cases_dir: Path = field(
-        default=Path(".kvspec/cases"), metadata=flag("--cases-dir", type=Path, help="where counterexamples go")
+        default=Path(".kvspec/cases"),
+        metadata=flag("--cases-dir", type=Path, problem=_folder, help="where counterexamples go"),
     )
     step_timeout: float | None = field(
         default=30.0,

@@ -1,12 +1,16 @@
-"""Every numeric option of every command, probed with a malformed value: generated from the parser, so a new
-option without a bound fails here. The contract (README: exit codes): exit 2 with one line on stderr and no
-traceback, before any work starts. An option whose every value of its type is meaningful says why in ANY_VALUE.
+"""Every option of every command, probed with a malformed value: generated from the parser, so a new option
+without a bound fails here. The contract (README: exit codes): exit 2 with one line on stderr and no traceback,
+before any work starts. An option whose every value of its type is meaningful says why in ANY_VALUE.
+
+The malformed value by kind: a negative number (and NaN for a float), a path under a regular file (nothing can
+be read or written there), a choice that is not one, a value given to a flag that takes none, an empty string.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from clirun import kvspec
@@ -29,12 +33,30 @@ MALFORMED = {int: ["-1"], float: ["-1", "nan"]}
 
 def numeric_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, str, type]]:
     """(command, flag, type) of every int or float option, the subcommands' too."""
+    for command, action in options(parser, path):
+        if action.type in MALFORMED:
+            yield command, action.option_strings[-1], action.type  # type: ignore[misc]
+
+
+def options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, argparse.Action]]:
+    """(command, action) of every option (not --help), the subcommands' too."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                yield from numeric_options(sub, (*path, name))
-        elif action.option_strings and action.type in MALFORMED:
-            yield " ".join(path), action.option_strings[-1], action.type
+                yield from options(sub, (*path, name))
+        elif action.option_strings and not isinstance(action, argparse._HelpAction):
+            yield " ".join(path), action
+
+
+def malformed(action: argparse.Action) -> list[str]:
+    """The malformed values of an option that is not a number (see the module docstring)."""
+    if action.nargs == 0:
+        return ["=x"]
+    if action.choices is not None:
+        return ["=not-a-choice"]
+    if action.type is Path:
+        return ["=AFILE/x"]
+    return ["="] if action.type in (None, str) else []
 
 
 def required(command: str) -> list[str]:
@@ -57,6 +79,17 @@ PROBES = [
 ]
 
 
+OTHER_ANY_VALUE: dict[tuple[str, str], str] = {}
+"""Options other than numbers that take every value (an empty string included), each with the reason."""
+
+OTHER_PROBES = [
+    (command, action.option_strings[-1], value)
+    for command, action in options(build_parser())
+    if action.type not in MALFORMED and (command, action.option_strings[-1]) not in OTHER_ANY_VALUE
+    for value in malformed(action)
+]
+
+
 def test_the_probes_cover_every_numeric_option() -> None:
     options = {(c, f) for c, f, _ in numeric_options(build_parser())}
     assert len(options) > 60 and {(c, f) for c, f, _ in PROBES} | set(ANY_VALUE) == options
@@ -69,3 +102,13 @@ def test_a_malformed_number_is_refused_in_one_line(command: str, flag: str, valu
     lines = run.err.strip().splitlines()
     assert run.code == 2 and len(lines) == 1 and "Traceback" not in run.err, (run.code, run.err[-1500:])
     assert flag in lines[0] or "usage" not in lines[0], lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("command", "flag", "value"), OTHER_PROBES, ids=[f"{c} {f}{v}" for c, f, v in OTHER_PROBES])
+def test_a_malformed_option_is_refused_in_one_line(command: str, flag: str, value: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "AFILE").write_text("")
+    given = flag + value.replace("AFILE", str(tmp_path / "AFILE"))
+    run = kvspec(*command.split(), *required(command), given, cwd=tmp_path, limit=30)
+    lines = run.err.strip().splitlines()
+    assert run.code == 2 and len(lines) == 1 and "Traceback" not in run.err, (run.code, run.err[-1500:], run.out[-500:])

@@ -25,6 +25,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "check": ("check", "replay", "adapters"),
@@ -44,9 +45,16 @@ DESCRIPTION = "The `kvspec` command line."
 COULD_NOT_RUN = 2  # kvspec.report.ExitCode.COULD_NOT_RUN, before anything is imported
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage error is one line (exit 2, as every error of the kit), naming ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(COULD_NOT_RUN, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command; of only the group that registers ``command`` where one does."""
-    parser = argparse.ArgumentParser(prog="kvspec", description=DESCRIPTION)
+    parser = _Parser(prog="kvspec", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     groups = [group for group, commands in GROUPS.items() if command in commands] or list(GROUPS)
     for group in groups:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     report.write(args.report, args.junit)
     write_html(args.html, options, report, factory)
     print(report.table())
+    if report.status == "error":  # the check could not run: its one line on stderr, as every exit 2 has
+        print(f"kvspec: {report.error}", file=sys.stderr)
     return report.exit_code
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvspec import stop
 from kvspec.bounds import at_least_one, at_most, positive, step_timeout
+from kvspec.jsonio import folder_problem
 from kvspec.report import ExitCode, now
 
 from .common import fail, unwritable
@@ -43,6 +44,11 @@ def _out_of_bounds(args: argparse.Namespace) -> str | None:
         problems.append(at_least_one("--depth", args.depth))
     if hasattr(args, "max_k"):
         problems.append(at_most("--max-k", args.max_k, MAX_K, "the induction's path grows with k"))
+    if getattr(args, "variant", None) == "" or getattr(args, "adapter", None) == "":
+        problems.append("--variant and --adapter name a module:Class or an adapter, not an empty string")
+    for dest in ("cases_dir", "out"):  # where the counterexamples or the scenarios go, known before the search
+        if getattr(args, dest, None) is not None:
+            problems.append(folder_problem(getattr(args, dest)))
     return next((p for p in problems if p is not None), None)
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from kvspec.bounds import positive, step_timeout
+from kvspec.report import ExitCode
 
 from .common import fail, unreadable, unwritable
 
@@ -112,6 +114,8 @@ def _config(args: argparse.Namespace) -> Any:
 def _bad_options(args: argparse.Namespace) -> str | None:
     if args.max_examples is not None and args.max_examples < 1:
         return f"--max-examples must be at least 1, not {args.max_examples}"
+    if any(not name.strip() for name in args.adapter or ()):
+        return "--adapter names an adapter (kvspec adapters) or a module:Class, not an empty string"
     return step_timeout("--step-timeout", args.step_timeout) or positive("--time-budget", args.time_budget)
 
 
@@ -144,7 +148,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
     for verdict in result.verdicts:
         print(verdict.report.table(), end="\n\n")
     write_outputs(result, config, os.environ.get("GITHUB_STEP_SUMMARY"))
-    print(result.status_line())
+    could_not_run = result.exit_code == ExitCode.COULD_NOT_RUN  # then its one line goes to stderr, as every exit 2
+    print(result.status_line(), file=sys.stderr if could_not_run else sys.stdout)
     return result.exit_code
 
 
