@@ -23,6 +23,7 @@ from fake_live_server import ROOT, FakeServer, block_hash
 from kvspec.adapter import (
     Capabilities,
     MetricSnapshot,
+    Recorder,
     RequestRecord,
     Semantics,
     ServerInfo,
@@ -71,8 +72,8 @@ class FakeLiveAdapter:
         self._sink: TextIO | None = None
         self.server: FakeServer | None = None
         self.startup_s: float | None = None
-        self._records: list[dict[str, Any]] = []
-        self._lock = threading.RLock()  # records and the event cursor: complete_many calls from threads
+        self._recorder = Recorder()
+        self._lock = threading.RLock()  # the event cursor: complete_many calls from threads
         self._next_seq = 0
         self._gaps: list[tuple[int, int]] = []
         self._ids = itertools.count(1)
@@ -94,6 +95,7 @@ class FakeLiveAdapter:
         if self._record_path is not None:
             self._record_path.parent.mkdir(parents=True, exist_ok=True)
             self._sink = self._record_path.open("w")
+            self._recorder = Recorder(self._sink)
         t0 = time.perf_counter()
         if self._url is None:
             self.server = FakeServer(**self._shape, forget_hits=self._forget_hits)
@@ -126,11 +128,7 @@ class FakeLiveAdapter:
         return self._url
 
     def _add(self, record: dict[str, Any]) -> None:
-        with self._lock:
-            self._records.append(record)
-            if self._sink is not None:
-                self._sink.write(json.dumps(record) + "\n")
-                self._sink.flush()
+        self._recorder.add(record)
 
     def _poll(self) -> None:
         """Record the batches published since the last poll, in seq order; a seq jump is a gap."""
@@ -187,7 +185,7 @@ class FakeLiveAdapter:
 
     def records(self) -> list[dict[str, Any]]:
         with self._lock:
-            return list(self._records)
+            return list(self._recorder.records)
 
     def check(self) -> StreamResult:
         records = self.records()

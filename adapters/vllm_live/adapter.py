@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any, TextIO
 from urllib.error import HTTPError
 
-from kvspec.adapter import Capabilities, Semantics, ServerInfo, StreamResult
+from kvspec.adapter import Capabilities, Recorder, Semantics, ServerInfo, StreamResult
 
 from .client import get_json, post_json
 from .events import EventSubscriber
 from .hashing import DEFAULT_NONE_HASH_SEED
 from .metrics import PREEMPTIONS, Metrics, read_metrics
-from .recorded import Recorder, check_recorded
+from .recorded import check_recorded
 from .server import Endpoints, ServerConfig, TinyServer, attach
 
 REQUEST_TIMEOUT_S = 300.0

@@ -26,31 +26,14 @@ Lines of other shapes are ignored, so a log can carry notes.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from kvspec.adapter import MetricSnapshot, RequestRecord, StreamCheck, StreamResult
 
 from .hashing import SUPPORTED_ALGOS, BlockHasher
-
-
-class Recorder:
-    """Collects records in memory (and as JSON lines in ``sink``), safe to call from several threads."""
-
-    def __init__(self, sink: TextIO | None = None) -> None:
-        self.records: list[dict[str, Any]] = []
-        self._sink = sink
-        self._lock = threading.Lock()
-
-    def add(self, record: dict[str, Any]) -> None:
-        with self._lock:
-            self.records.append(record)
-            if self._sink is not None:
-                self._sink.write(json.dumps(record) + "\n")
-                self._sink.flush()
 
 
 @dataclass

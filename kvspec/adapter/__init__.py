@@ -8,8 +8,9 @@ can do and what it claims in :class:`Capabilities` (its :class:`Semantics` among
 free list) go under ``Observation.extra`` by their keys (``RADIX``, ``HYBRID``, ``FREE_LIST``). The
 toolkit's three helpers are what most engines lack: importing an engine's allocator without its package's
 ``__init__``, an all-or-nothing multi-token append, and evictions read off two observations. A live
-adapter judges what it recorded with the spec's stream checks (:class:`StreamCheck` over its
-:class:`RequestRecord` and :class:`MetricSnapshot` records and the published event batches).
+adapter keeps what it saw in a :class:`Recorder` and judges it with the spec's stream checks
+(:class:`StreamCheck` over its :class:`RequestRecord` and :class:`MetricSnapshot` records and the published
+event batches).
 """
 
 from kvspec.spec.delta import ObservationDelta
@@ -30,6 +31,7 @@ from .contract import (
     ServerInfo,
     ServerStartError,
 )
+from .recorder import Recorder
 from .toolkit import append_atomically, derived_events, import_without_init
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "RadixNode",
     "RadixOrder",
     "RadixView",
+    "Recorder",
     "RequestRecord",
     "RequestState",
     "RequestView",
