@@ -222,3 +222,21 @@ class ApplyReturnsNone(ReferencePagedAdapter):
 class ObserveReturnsNone(ReferencePagedAdapter):
     def observe(self):  # type: ignore[no-untyped-def]
         return None
+
+
+class FreeOffAfter50(ReferencePagedAdapter):
+    """Honest for 50 ops, then its observation counts one free block too many (capacity_conservation)."""
+
+    def reset(self, config):  # type: ignore[no-untyped-def]
+        self.applied = 0
+        super().reset(config)
+
+    def apply(self, op):  # type: ignore[no-untyped-def]
+        self.applied += 1
+        return super().apply(op)
+
+    def observe(self):  # type: ignore[no-untyped-def]
+        from dataclasses import replace
+
+        obs = super().observe()
+        return replace(obs, free=obs.free + 1) if self.applied > 50 else obs

@@ -125,3 +125,34 @@ def test_a_block_id_beyond_64_bits_is_a_malformed_line(tmp_path: Path, capsys) -
 def test_a_step_timeout_below_the_round_trip_is_refused(command: list[str], case: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     err = one_line_exit_2(capsys, [str(case) if a == "CASE" else a for a in command] + ["--step-timeout", "0.01"])
     assert "--step-timeout must be at least 0.1 s" in err
+
+
+def long_case(path: Path, count: int) -> Path:
+    """A case of ``count`` random valid ops on a pool of 16 blocks of 4 tokens."""
+    from kvspec.spec import Config
+    from kvspec.spec.ledger import LedgerModel
+    from kvspec.spec.ops import Semantics
+    from kvspec.traces.record import RandomOps
+
+    config = Config(capacity=16, block_size=4)
+    model, ops = LedgerModel(config, Semantics()), []
+    draw = RandomOps(1, config, frozenset({"admit", "append", "release", "preempt", "resume"}), "block").next
+    for _ in range(count):
+        op = draw(model.observe())
+        model.step(op)
+        ops.append(op.to_json())
+    case = {"kvspec_case": 1, "adapter": "reference", "config": {"capacity": 16, "block_size": 4}, "ops": ops}
+    path.write_text(json.dumps({**case, "expected": {}}))
+    return path
+
+
+def test_show_draws_a_long_case_as_the_window_up_to_its_first_violation(tmp_path: Path) -> None:
+    """3,000 ops whose adapter breaks at step 50: the picture is the 40 ops up to it (it took minutes drawn whole),
+    labelled with their own step numbers, and the violation with its true step."""
+    case = long_case(tmp_path / "long.json", 3000)
+    out = tmp_path / "long.svg"
+    run = kvspec("show", str(case), "--adapter", "faulty_adapters:FreeOffAfter50", "--out", str(out), limit=120)
+    assert run.code == 0 and "VIOLATED at step 50" in run.out, run.out + run.err
+    svg = out.read_text()
+    assert "ops 11 to 50 drawn" in svg and "step 50: capacity_conservation" in svg
+    assert "50. " in svg and "10. " not in svg and "51. " not in svg

@@ -44,6 +44,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from kvspec.adapters import AdapterLoadError, load
     from kvspec.case import Case
     from kvspec.show import draw, replay, timelines, verdict, write_case
+    from kvspec.show.draw import op_label
+    from kvspec.show.timeline import case_window, window
 
     try:
         case = Case.load(args.case)
@@ -63,7 +65,14 @@ def cmd_show(args: argparse.Namespace) -> int:
             return fail(f"adapter {args.adapter!r} could not start: {exc}")
     pool = case.config
     title = f"{args.case.name}: {len(case.ops)} ops, a pool of {pool.capacity} blocks of {pool.block_size} tokens"
-    write_case(args.out, args.case.name, runs, draw(timelines(runs), case.ops, title=title))
+    grids, labels = timelines(runs), list(case.ops)
+    steps = [run.broken.step for run in runs if run.broken is not None]
+    start, stop = case_window(len(case.ops), min(steps, default=None))
+    if (start, stop) != (0, len(case.ops)):  # a long case: the ops up to its first violation, or its last ones
+        grids = window(grids, start, stop)
+        labels = [op_label(start + i, op, None) for i, op in enumerate(case.ops[start:stop])]
+        title += f"; ops {start} to {stop - 1} drawn"
+    write_case(args.out, args.case.name, runs, draw(grids, labels, title=title))
     print(verdict(runs))
     print(f"drawn: {args.out}")
     return ExitCode.DONE

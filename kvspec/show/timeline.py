@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kvspec.spec import Observation
@@ -251,4 +251,61 @@ def timelines(runs: Sequence[Run]) -> list[Timeline]:
     return grids
 
 
-__all__ = ["Cell", "Timeline", "build", "cell_text", "compare", "in_order", "names", "timelines"]
+CASE_WINDOW = 40
+"""A case longer than this many ops is drawn as a window of them: those up to its first violation, or its last
+ones when every invariant held (as a trace's page draws its failing window; a 3,000-op case drawn whole took
+minutes). The verdict and its step are the whole case's."""
+
+
+def case_window(count: int, broken_at: int | None, width: int = CASE_WINDOW) -> tuple[int, int]:
+    """The ops ``[start, stop)`` to draw of a case of ``count`` ops that first broke at ``broken_at`` (or held)."""
+    if count <= width:
+        return 0, count
+    stop = count if broken_at is None else min(count, broken_at + 1)
+    return max(0, stop - width), stop
+
+
+def window(grids: Sequence[Timeline], start: int, stop: int) -> list[Timeline]:
+    """Columns ``[start, stop)`` of each grid, keeping the rows that hold something there; marks moved along.
+
+    A violation inside the window keeps its true step in its label (``at``)."""
+    cut = []
+    for g in grids:
+        keep = [r for r, row in enumerate(g.cells) if any(c is not None for c in row[start:stop])]
+        moved = {r: i for i, r in enumerate(keep)}
+        broken = g.broken
+        if broken is not None:
+            inside = start <= broken.step < stop
+            step = broken.step - start if inside else stop - start  # outside: past the last column, not drawn
+            broken = replace(broken, step=step, at=broken.at or f"step {broken.step}")
+        cut.append(
+            replace(
+                g,
+                rows=[g.rows[r] for r in keep],
+                columns=g.columns[start:stop],
+                outcomes=g.outcomes[start:stop],
+                cells=[g.cells[r][start:stop] for r in keep],
+                free=g.free[start:stop],
+                broken=broken,
+                hot_rows=tuple(moved[r] for r in g.hot_rows if r in moved),
+                differs={(moved[r], c - start) for r, c in g.differs if r in moved and start <= c < stop},
+                free_differs={c - start for c in g.free_differs if start <= c < stop},
+                outcome_differs={c - start for c in g.outcome_differs if start <= c < stop},
+            )
+        )
+    return cut
+
+
+__all__ = [
+    "CASE_WINDOW",
+    "Cell",
+    "Timeline",
+    "build",
+    "case_window",
+    "cell_text",
+    "compare",
+    "in_order",
+    "names",
+    "timelines",
+    "window",
+]
