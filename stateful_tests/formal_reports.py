@@ -157,6 +157,22 @@ def prove_report(
     )
 
 
+def interrupted_report(bounds: Bounds, proofs: Sequence[Proof], *, started_at: str, seconds: float) -> Report:
+    """``kvspec prove`` stopped by a signal: the invariants decided before it, status interrupted (exit 2)."""
+    return Report(
+        adapter=SPEC,
+        rows=[_proof_row(p) for p in proofs],
+        profile="prove",
+        started_at=started_at,
+        duration_s=seconds,
+        examples=1,
+        steps=max((p.k or 0 for p in proofs), default=0),
+        status="interrupted",
+        error=f"interrupted: {len(proofs)} invariants decided",
+        sections={"formal": {"engine": "k-induction", "bounds": bounds.to_json()}},
+    )
+
+
 def _pdr_row(proof: PdrProof) -> Row:
     if proof.counterexample is not None:
         return Row(proof.invariant, "safety", 1, _violation(proof.counterexample))

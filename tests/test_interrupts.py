@@ -147,3 +147,16 @@ def test_an_interrupted_formal_command_writes_what_it_checked(
     data = json.loads(report.read_text())
     assert data["status"] == "interrupted" and data["error"].startswith("interrupted: "), data["error"]
     assert "Traceback" not in run.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_prove_writes_the_invariants_it_decided(sig: int, tmp_path: Path) -> None:
+    from clirun import kvspec
+
+    report = tmp_path / "r.json"
+    run = kvspec("prove", "--blocks", "4", "--requests", "3", "--report", str(report), signals=[(4.0, sig)],
+                 from_held=True, limit=60)  # fmt: skip
+    assert run.code == 2 and run.seconds < 15, (run.code, run.seconds, run.err)
+    data = json.loads(report.read_text())
+    assert data["status"] == "interrupted" and data["error"].startswith("interrupted: "), data["error"]

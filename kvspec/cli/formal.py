@@ -7,6 +7,7 @@ could not decide within its limits (never read that as a pass).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -231,7 +232,7 @@ def cmd_prove(args: argparse.Namespace) -> int:
     from kvspec.spec.formal.parametric import check_refinement, prove_every_n
     from kvspec.spec.formal.score_proofs import check_score, spec_score
     from kvspec.spec.formal.symbolic_invariants import AUXILIARY
-    from kvspec.stateful_tests.formal_reports import prove_report
+    from kvspec.stateful_tests.formal_reports import interrupted_report, prove_report
 
     problem = _out_of_bounds(args) or unwritable(args.report, args.junit)
     if problem is not None:
@@ -244,7 +245,10 @@ def cmd_prove(args: argparse.Namespace) -> int:
     try:
         bounds = _bounds(args)
 
+        decided: list[Proof] = []
+
         def show(p: Proof) -> None:
+            decided.append(p)
             if p.proved:
                 how = "alone" if not p.strengthened else "with the auxiliary invariants"
                 verdict = f"proved: {p.k}-inductive {how}"
@@ -256,6 +260,12 @@ def cmd_prove(args: argparse.Namespace) -> int:
         aux, proofs = prove(bounds, args.invariant, max_k=args.max_k, time_limit=args.time_limit, progress=show)
     except ValueError as exc:
         return fail(str(exc))
+    except KeyboardInterrupt:  # the invariants decided so far stand; the rest were not
+        stop.clear()
+        report = interrupted_report(bounds, decided, started_at=started, seconds=time.monotonic() - t0)
+        report.write(args.report, args.junit)
+        print(f"interrupted: {len(decided)} invariants decided", file=sys.stderr)
+        return report.exit_code
     state = "1-inductive" if aux.proved else f"NOT inductive ({', '.join(aux.failing)})"
     print(f"  auxiliary invariants ({', '.join(AUXILIARY)}): {state}, {aux.seconds:.1f} s")
     every = prove_every_n()

@@ -12,7 +12,9 @@ from kvspec.report import ExitCode
 from .common import fail, unreadable, unwritable
 
 if TYPE_CHECKING:
-    from kvspec.spec import Semantics
+    from collections.abc import Sequence
+
+    from kvspec.spec import Op, Semantics
 
 
 def register(sub: Any) -> None:
@@ -65,7 +67,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             return fail(f"adapter {args.adapter!r} could not start: {exc}")
     pool = case.config
     title = f"{args.case.name}: {len(case.ops)} ops, a pool of {pool.capacity} blocks of {pool.block_size} tokens"
-    grids, labels = timelines(runs), list(case.ops)
+    grids = timelines(runs)
+    labels: Sequence[Op] | Sequence[str] = case.ops
     steps = [run.broken.step for run in runs if run.broken is not None]
     start, stop = case_window(len(case.ops), min(steps, default=None))
     if (start, stop) != (0, len(case.ops)):  # a long case: the ops up to its first violation, or its last ones
