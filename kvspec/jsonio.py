@@ -12,9 +12,11 @@ target, so a reader never sees half a file and two writers of one path never int
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -45,7 +47,20 @@ def loads(text: str | bytes) -> Any:
 
 def load(path: Path) -> Any:
     """The JSON value in the file at ``path``; OSError when it cannot be read, ValueError when it is not JSON."""
+    require_regular(path)
     return loads(path.read_bytes())
+
+
+def require_regular(path: Path) -> None:
+    """OSError unless ``path`` is a regular file (or absent: its open says so): the kit reads files, and a FIFO
+    with no writer would block the read forever (a trace is read twice, which no pipe allows)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO or a device" if not stat.S_ISSOCK(mode) else "a socket"
+        raise OSError(errno.EINVAL, f"not a regular file but {kind}")
 
 
 def finite(value: Any) -> bool:

@@ -156,3 +156,11 @@ def test_show_draws_a_long_case_as_the_window_up_to_its_first_violation(tmp_path
     svg = out.read_text()
     assert "ops 11 to 50 drawn" in svg and "step 50: capacity_conservation" in svg
     assert "50. " in svg and "10. " not in svg and "51. " not in svg
+
+
+@pytest.mark.parametrize("command", [["replay"], ["trace", "check"], ["show", "--out", "x.svg"]])
+def test_a_fifo_with_no_writer_is_refused_not_waited_on(command: list[str], tmp_path: Path) -> None:
+    fifo = tmp_path / "case.json"
+    os.mkfifo(fifo)
+    run = kvspec(*command, str(fifo), cwd=tmp_path, limit=30)
+    assert run.code == 2 and "not a regular file but a FIFO" in run.err and run.err.count("\n") == 1, run.err

@@ -146,6 +146,7 @@ def raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     Raises TraceFormatError (line None) when the file cannot be read.
     """
     try:
+        jsonio.require_regular(path)
         with path.open("rb") as stream:
             for number, chunk in enumerate(stream, start=1):
                 chunk = chunk.rstrip(b"\r\n") if chunk.endswith(b"\n") else chunk
