@@ -151,11 +151,13 @@ def test_an_interrupted_formal_command_writes_what_it_checked(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_interrupted_prove_writes_the_invariants_it_decided(sig: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["k-induction", "pdr"])
+def test_an_interrupted_prove_writes_the_invariants_it_decided(sig: int, engine: str, tmp_path: Path) -> None:
     from clirun import kvspec
 
     report = tmp_path / "r.json"
-    run = kvspec("prove", "--blocks", "4", "--requests", "3", "--report", str(report), signals=[(4.0, sig)],
+    bounds = ["--blocks", "4", "--requests", "3"] if engine == "k-induction" else ["--blocks", "2", "--requests", "2"]
+    run = kvspec("prove", "--engine", engine, *bounds, "--report", str(report), signals=[(4.0, sig)],
                  from_held=True, limit=60)  # fmt: skip
     assert run.code == 2 and run.seconds < 15, (run.code, run.seconds, run.err)
     data = json.loads(report.read_text())

@@ -296,8 +296,10 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 
     started = now()
     limit = 60.0 if args.time_limit is None else args.time_limit
+    decided: list[PdrProof] = []
 
     def show(p: PdrProof) -> None:
+        decided.append(p)
         verdict = {"proved": "proved", "violated": "VIOLATED"}.get(p.verdict, "unknown")
         if p.timed_out:
             verdict += " (time limit)"
@@ -313,6 +315,9 @@ def _prove_pdr(args: argparse.Namespace) -> int:
 
     try:
         bounds = _bounds(args)
+    except ValueError as exc:
+        return fail(str(exc))
+    try:
         variant = _variant(args.variant) if args.variant else None
         with_lemmas = ", with the auxiliary invariants that are inductive" if args.lemmas else ""
         print(
@@ -330,6 +335,13 @@ def _prove_pdr(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return fail(str(exc))
+    except KeyboardInterrupt:  # the invariants decided so far stand
+        stop.clear()
+        report = pdr_report(bounds, decided, started_at=started, time_limit=limit, direction=args.direction)
+        report.status, report.error = "interrupted", f"interrupted: {len(decided)} invariants decided"
+        report.write(args.report, args.junit)
+        print(f"interrupted: {len(decided)} invariants decided", file=sys.stderr)
+        return report.exit_code
     cases = []
     for p in proofs:
         if p.counterexample is not None:
