@@ -461,8 +461,13 @@ def run_search(
         result.status, result.error = "interrupted", "interrupted"
         keep_what_was_found(result, options)
     except Exception as exc:  # the adapter could not be built or reset: the check could not run
-        result.status = "error"
-        result.error = f"{type(exc).__name__}: {exc}"
+        if stop.requested():  # an error that a signal's KeyboardInterrupt left behind (it unwound a library's state)
+            stop.clear()
+            result.status, result.error = "interrupted", "interrupted"
+            keep_what_was_found(result, options)
+        else:
+            result.status = "error"
+            result.error = f"{type(exc).__name__}: {exc}"
     finally:
         _close(search, result, adapter, finish)
         result.duration_s = time.perf_counter() - t0

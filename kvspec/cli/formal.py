@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
     bmc.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     bmc.add_argument("--quiet", action="store_true", help="no per-depth progress lines")
     _report_args(bmc)
-    bmc.set_defaults(handler=cmd_bmc)
+    bmc.set_defaults(handler=cmd_bmc, on_interrupt=formal_interrupted)
 
     prove = subparsers.add_parser("prove", help="prove the invariants by k-induction (and the score properties)")
     _bounds_args(prove)
@@ -123,7 +123,7 @@ def register(subparsers: Any) -> None:
     )
     prove.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     _report_args(prove)
-    prove.set_defaults(handler=cmd_prove)
+    prove.set_defaults(handler=cmd_prove, on_interrupt=formal_interrupted)
 
     explore = subparsers.add_parser("explore", help="breadth-first search of every reachable state of the spec")
     _bounds_args(explore)
@@ -137,7 +137,7 @@ def register(subparsers: Any) -> None:
     explore.add_argument("--cases-dir", type=Path, default=Path(".kvspec/cases"), help="where a counterexample goes")
     explore.add_argument("--quiet", action="store_true", help="no per-depth progress lines")
     _report_args(explore)
-    explore.set_defaults(handler=cmd_explore)
+    explore.set_defaults(handler=cmd_explore, on_interrupt=formal_interrupted)
 
     scen = subparsers.add_parser("scenarios", help="find the shortest op sequence to each coverage goal")
     _bounds_args(scen)
@@ -152,6 +152,18 @@ def register(subparsers: Any) -> None:
     ch.add_argument("--per-condition-timeout", type=float, default=2.0, help="seconds per contract (default 2)")
     ch.add_argument("--budget", type=float, default=600.0, help="total seconds before giving up (default 600)")
     ch.set_defaults(handler=cmd_crosshair)
+
+
+def formal_interrupted(args: argparse.Namespace) -> None:
+    """Ctrl-C before the command had a report of its own (while it imported Z3, say): an interrupted report."""
+    if args.report is None and args.junit is None:
+        return
+    from kvspec.report import Report
+    from kvspec.stateful_tests.formal_reports import SPEC
+
+    report = Report(adapter=SPEC, rows=[], profile=args.command, status="interrupted")
+    report.error = "interrupted before anything was decided"
+    report.write(args.report, args.junit)
 
 
 def _bounds(args: argparse.Namespace) -> Any:
