@@ -25,7 +25,7 @@ check: $(STAMP)
 	for a in reference-score reference-shared-aware reference-family-protect; do \
 		$(BIN)/kvspec check --adapter $$a --profile ci --quiet || exit $$?; done
 
-## The kit's own core tests in parallel, after lint, type and architecture checks (about 5 min on 2 cores).
+## The kit's own core tests in parallel, after lint, type and architecture checks (about 4 min on 2 cores).
 test: lint $(STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
