@@ -45,6 +45,11 @@ def at_most(name: str, value: int | None, bound: int, why: str) -> str | None:
     return low
 
 
+def first_problem(*problems: str | None) -> str | None:
+    """The first of ``problems`` that is one (the others are None): the message of a command's first bad value."""
+    return next((p for p in problems if p is not None), None)
+
+
 WORKERS_PER_CPU = 4
 """``--workers`` is at most this many processes per usable CPU: more only share the same cores (docs/workers.md)."""
 
@@ -55,4 +60,13 @@ def max_workers() -> int:
     return WORKERS_PER_CPU * cpus
 
 
-__all__ = ["MIN_STEP_TIMEOUT", "WORKERS_PER_CPU", "at_least_one", "at_most", "max_workers", "positive", "step_timeout"]
+__all__ = [
+    "MIN_STEP_TIMEOUT",
+    "WORKERS_PER_CPU",
+    "at_least_one",
+    "at_most",
+    "first_problem",
+    "max_workers",
+    "positive",
+    "step_timeout",
+]

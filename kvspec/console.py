@@ -8,10 +8,8 @@ Standard library only, before :func:`run` imports the CLI.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import signal
-import sys
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _BEFORE = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # the mask the process started with
@@ -34,15 +32,10 @@ def run() -> None:
     rest of the interpreter's shutdown can change it (1 in 200 runs of the signal sweep ended with 130 there).
     """
     from kvspec.cli import main
+    from kvspec.cli.common import flush_streams
 
     code = main(started_mask=_BEFORE, for_good=True)
-    _flush()
+    flush_streams()
     atexit._run_exitfuncs()  # the last of them holds the signals back
-    _flush()
+    flush_streams()
     os._exit(code)
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # the reader went away, or the stream was closed
-            stream.flush()

@@ -58,9 +58,10 @@ def require_regular(path: Path) -> None:
         mode = os.stat(path).st_mode
     except OSError:
         return
+    if stat.S_ISDIR(mode):
+        raise OSError(errno.EISDIR, "not a regular file but a folder")
     if not stat.S_ISREG(mode):
-        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO or a device" if not stat.S_ISSOCK(mode) else "a socket"
-        raise OSError(errno.EINVAL, f"not a regular file but {kind}")
+        raise OSError(errno.EINVAL, "not a regular file but a FIFO, a device or a socket")
 
 
 def finite(value: Any) -> bool:

@@ -78,12 +78,9 @@ def main(argv: list[str] | None = None, *, started_mask: set[int] | None = None,
         try:
             typed = sys.argv[1:] if argv is None else argv
             args = build_parser(typed[0] if typed else None).parse_args(typed)
-        except SystemExit as exc:  # --help, a usage error: argparse's own exit code
-            finished(exc.code if isinstance(exc.code, int) else COULD_NOT_RUN)
-            with contextlib.suppress(KeyboardInterrupt):
-                restore_signals(held)
-            raise
-        except BaseException:
+        except BaseException as exc:  # --help or a usage error (SystemExit, argparse's own code), or an interrupt
+            if isinstance(exc, SystemExit):
+                finished(exc.code if isinstance(exc.code, int) else COULD_NOT_RUN)
             with contextlib.suppress(KeyboardInterrupt):
                 restore_signals(held)
             raise

@@ -26,7 +26,7 @@ from kvspec.bench.live.launcher import MODEL_SHAPES
 from kvspec.bench.live.workload import WorkloadShape
 from kvspec.bench.policy_ab import DEFAULT_FRACTIONS, BenchError, default_policies, load_policy, plot, run_ab, table
 from kvspec.bench.workloads import GENERATORS, Workload, generate
-from kvspec.bounds import at_least_one, positive
+from kvspec.bounds import at_least_one, first_problem, positive
 from kvspec.report import ExitCode
 from kvspec.spec import SpecError
 from kvspec.vllm_env import INSTALL_HINT, vllm_installed
@@ -169,7 +169,7 @@ def _generated(args: argparse.Namespace) -> list[Workload]:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    problem = unwritable(args.out / ".kvspec-probe")
+    problem = at_least_one("--block-size", args.block_size) or unwritable(args.out / ".kvspec-probe")
     if problem is not None:
         return fail(problem)
     try:
@@ -193,7 +193,7 @@ def _loaded(folder: Path, only: list[str] | None) -> list[Workload]:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    problem = unwritable(args.json, args.plot)
+    problem = at_least_one("--block-size", args.block_size) or unwritable(args.json, args.plot)
     if problem is not None:
         return fail(problem)
     try:
@@ -243,13 +243,15 @@ def _live_out_of_bounds(args: argparse.Namespace) -> str | None:
         problems.append(f"--shared-tokens must be at least 0, not {args.shared_tokens}")
     if not math.isfinite(args.settle) or args.settle < 0:
         problems.append(f"--settle must be a number of seconds of at least 0, not {args.settle:g}")
-    return next((p for p in problems if p is not None), None)
+    return first_problem(*problems)
 
 
 def cmd_live(args: argparse.Namespace) -> int:
     """Redraw a saved result (``--from-json``), or run the benchmark with the options as given."""
-    problem = unwritable(args.plot) if args.from_json is not None else _live_out_of_bounds(args)
-    problem = problem or (unwritable(args.json, args.plot) if args.from_json is None else None)
+    if args.from_json is not None:  # a redraw: only the picture is written
+        problem = unwritable(args.plot)
+    else:
+        problem = _live_out_of_bounds(args) or unwritable(args.json, args.plot)
     if problem is not None:
         return fail(problem, "kvspec bench live")
     if args.from_json is not None:

@@ -56,10 +56,15 @@ _signals_seen = 0
 _exit_code = 2  # the command's code once it is known (finished); a signal after that exits with it
 
 
-def _flush_and_exit(code: int) -> None:
+def flush_streams() -> None:
+    """Flush stdout and stderr before an ``os._exit`` (a reader gone, or a stream closed, is no matter then)."""
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
+
+
+def _flush_and_exit(code: int) -> None:
+    flush_streams()
     os._exit(code)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvspec import stop
-from kvspec.bounds import at_least_one, at_most, positive, step_timeout
+from kvspec.bounds import at_least_one, at_most, first_problem, positive, step_timeout
 from kvspec.jsonio import folder_problem
 from kvspec.report import ExitCode, now
 
@@ -50,7 +50,7 @@ def _out_of_bounds(args: argparse.Namespace) -> str | None:
     for dest in ("cases_dir", "out"):  # where the counterexamples or the scenarios go, known before the search
         if getattr(args, dest, None) is not None:
             problems.append(folder_problem(getattr(args, dest)))
-    return next((p for p in problems if p is not None), None)
+    return first_problem(*problems)
 
 
 def _bounds_args(parser: argparse.ArgumentParser, blocks: int = 4) -> None:

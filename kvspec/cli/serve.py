@@ -13,7 +13,7 @@ from typing import Any
 
 from kvspec import jsonio
 from kvspec.adapters.vllm_live.server import ServerConfig, ServerStartError, TinyServer
-from kvspec.bounds import at_least_one, positive
+from kvspec.bounds import at_least_one, first_problem, positive
 from kvspec.report import ExitCode
 
 from .common import fail, unwritable
@@ -45,8 +45,8 @@ def serve_tiny(args: argparse.Namespace) -> int:
     """Run :class:`TinyServer` until interrupted; print its endpoints once it is healthy."""
     sizes = {"--num-gpu-blocks": args.num_gpu_blocks, "--block-size": args.block_size}
     sizes |= {"--max-model-len": args.max_model_len, "--max-num-seqs": args.max_num_seqs}
-    problems = [at_least_one(name, value) for name, value in sizes.items()] + [positive("--timeout", args.timeout)]
-    problem = next((p for p in problems if p is not None), None) or unwritable(args.json)
+    problems = [at_least_one(name, value) for name, value in sizes.items()]
+    problem = first_problem(*problems, positive("--timeout", args.timeout)) or unwritable(args.json)
     if problem is not None:
         return fail(problem, "kvspec serve-tiny")
     config = ServerConfig(

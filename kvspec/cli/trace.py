@@ -111,6 +111,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         problem = matplotlib_missing()
         if problem is not None:
             return fail(problem)
+    if args.context < 0:
+        return fail(f"--context must be at least 0 lines, not {args.context}")
     if args.capacity is not None:
         try:
             values.blocks("--capacity", args.capacity)
@@ -121,10 +123,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.html is not None:  # the same check, keeping what each line leaves for the picture
         from kvspec.show import trace_run as shown_trace
 
-        traced = shown_trace.check(args.file, args.format, context=max(args.context, 0), options=options)
+        traced = shown_trace.check(args.file, args.format, context=args.context, options=options)
         result = traced.result
     else:
-        result = check_trace(args.file, args.format, context=max(args.context, 0), options=options)
+        result = check_trace(args.file, args.format, context=args.context, options=options)
     report = result.report()
     try:
         report.write(args.report)
@@ -200,6 +202,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             return fail(f"{args.ops}: {exc}")
     problem = step_timeout("--step-timeout", args.step_timeout) or positive("--snapshot-every", args.snapshot_every)
     problem = problem or (at_least_one("--steps", args.steps) if ops is None else None)
+    problem = problem or at_least_one("--capacity", args.capacity) or at_least_one("--block-size", args.block_size)
     if problem is not None:
         return fail(problem)
     try:

@@ -48,15 +48,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from kvspec import stop
 
-from ..invariants import INVARIANTS, KeyMemory, Transition
+from ..invariants import INVARIANTS, Invariant, KeyMemory, Transition
 from ..ledger import BlockLedger, LedgerModel, Step
 from ..ledger.base import Request
-from ..ops import Event, Op, Semantics
+from ..ops import Config, Event, Op, Semantics
 from .symbolic import SEMANTICS, Bounds
 
 State = tuple[object, ...]
@@ -392,60 +392,69 @@ def explore(
     judged = [inv for inv in INVARIANTS if inv.applies(semantics)]
     result.checked = dict.fromkeys((inv.name for inv in judged), 0)
     try:
-        for k in range(1, depth + 1):
-            following: deque[tuple[State, BlockLedger]] = deque()
-            fresh = 0
-            while frontier:
-                if deadline is not None and time.monotonic() > deadline:
-                    result.timed_out, result.layers = True, result.layers[:k]
-                    result.seconds = time.monotonic() - t0
-                    return result
-                if stop.requested():  # a stop asked for (kvspec.stop): the depths completed stand
-                    stop.clear()
-                    result.interrupted, result.layers = True, result.layers[:k]
-                    result.seconds = time.monotonic() - t0
-                    return result
-                here, parent = frontier.popleft()
-                before, unchanged = parent.observe(), describe(parent, bounds)
-                work = clone(parent)
-                for op in ops(parent):
-                    step = work.step(op)
-                    after = work.observe()
-                    result.states += 1
-                    t = Transition(before, op, step.outcome, _events(step), after, config, semantics, KeyMemory())
-                    broken = {}
-                    for inv in judged:
-                        problems = inv.check(t)
-                        if problems is not None:  # None: the invariant does not apply to this step
-                            result.checked[inv.name] += 1
-                            if problems:
-                                broken[inv.name] = problems
-                    if broken and result.counterexample is None:
-                        path = [*result.path(here), op]
-                        result.counterexample = Found(path, list(broken), broken)
-                    if step.outcome.status != "ok" and describe(work, bounds) == unchanged:
-                        continue  # nothing the step reads changed: the same model serves the next op
-                    there = key(work, bounds)
-                    if there not in result.tree:
-                        result.tree[there] = (here, op)
-                        following.append((there, work))
-                        fresh += 1
-                    work = clone(parent)
-            result.layers.append(fresh)
-            result.depth = k
-            if progress is not None:
-                progress(k, fresh, time.monotonic() - t0)
-            if result.counterexample is not None:
-                break
-            if not following:
-                result.complete = True
-                break
-            frontier = following
-    except KeyboardInterrupt:  # out of a step of the search: the depths completed stand
+        _search(result, frontier, config, judged, ops, key, deadline, progress, t0)
+    except KeyboardInterrupt:  # out of a step of the search, or at a state's start: the depths completed stand
         stop.clear()
         result.interrupted, result.layers = True, result.layers[: result.depth + 1]
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _search(
+    result: ExploreResult,
+    frontier: deque[tuple[State, BlockLedger]],
+    config: Config,
+    judged: Sequence[Invariant],
+    ops: Callable[[BlockLedger], Iterable[Op]],
+    key: Callable[[BlockLedger, Bounds], State],
+    deadline: float | None,
+    progress: Callable[[int, int, float], None] | None,
+    t0: float,
+) -> None:
+    """The breadth-first layers into ``result``, as :func:`explore` says; a stop asked for raises KeyboardInterrupt."""
+    bounds, semantics = result.bounds, result.semantics
+    for k in range(1, result.requested + 1):
+        following: deque[tuple[State, BlockLedger]] = deque()
+        fresh = 0
+        while frontier:
+            if deadline is not None and time.monotonic() > deadline:
+                result.timed_out, result.layers = True, result.layers[:k]
+                return
+            stop.check()  # a signal whose KeyboardInterrupt was swallowed (kvspec.stop)
+            here, parent = frontier.popleft()
+            before, unchanged = parent.observe(), describe(parent, bounds)
+            work = clone(parent)
+            for op in ops(parent):
+                step = work.step(op)
+                after = work.observe()
+                result.states += 1
+                t = Transition(before, op, step.outcome, _events(step), after, config, semantics, KeyMemory())
+                broken = {}
+                for inv in judged:
+                    problems = inv.check(t)
+                    if problems is not None:  # None: the invariant does not apply to this step
+                        result.checked[inv.name] += 1
+                        if problems:
+                            broken[inv.name] = problems
+                if broken and result.counterexample is None:
+                    path = [*result.path(here), op]
+                    result.counterexample = Found(path, list(broken), broken)
+                if step.outcome.status != "ok" and describe(work, bounds) == unchanged:
+                    continue  # nothing the step reads changed: the same model serves the next op
+                there = key(work, bounds)
+                if there not in result.tree:
+                    result.tree[there] = (here, op)
+                    following.append((there, work))
+                    fresh += 1
+                work = clone(parent)
+        result.layers.append(fresh)
+        result.depth = k
+        if progress is not None:
+            progress(k, fresh, time.monotonic() - t0)
+        if result.counterexample is not None or not following:
+            result.complete = result.counterexample is None
+            return
+        frontier = following
 
 
 def _events(step: Step) -> tuple[Event, ...]:

@@ -89,17 +89,15 @@ class Bounds:
     arith: str = "bv"
 
     def __post_init__(self) -> None:
-        if self.blocks < 1 or self.requests < 1 or self.block_size < 1 or self.alphabet < 1:
-            raise ValueError("blocks, requests, block_size and alphabet must be positive")
-        for name, most in MAX_BOUNDS.items():
-            value = getattr(self, name)
+        for name, most in MAX_BOUNDS.items():  # each as the command line spells it
+            value, flag, least = getattr(self, name), "--" + name.replace("_", "-"), int(name != "max_append")
+            if value < least:
+                default = " (0: the default)" if name == "max_append" else ""
+                raise ValueError(f"{flag} must be at least {least}{default}, not {value}")
             if value > most:
-                flag = "--" + name.replace("_", "-")
                 raise ValueError(f"{flag} must be at most {most} (a bounded model is a small instance), not {value}")
         if self.arith not in ("bv", "int"):
             raise ValueError(f"arith must be 'bv' or 'int', not {self.arith!r}")
-        if self.max_append < 0:
-            raise ValueError("max_append must be positive (0: the default)")
 
     @property
     def max_tokens(self) -> int:
