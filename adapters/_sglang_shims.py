@@ -15,13 +15,16 @@ function hands a real SGLang object to SGLang's own code.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
 import inspect
+import io
 import logging
 import sys
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -34,6 +37,18 @@ def _quiet() -> None:
     """SGLang logs warnings about kernels it cannot use on CPU; they are no finding."""
     for name in GROUP_QUIET:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def silenced() -> Iterator[None]:
+    """SGLang's out-of-memory path logs an error and prints its whole tree: quiet while the adapter asks for it."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
 
 
 @dataclass
@@ -248,6 +263,17 @@ class Sglang:
         idx, req_pool = self.kv(req).req_pool_idx, tree.req_to_token_pool
         if idx is not None and idx not in req_pool.free_slots:  # cache_finished_req frees the row itself before 0.5.9
             req_pool.free(req if accepts(req_pool.free, "req") else idx)
+
+    def free_row(self, req_pool: Any, req: Any) -> None:
+        """Give back a row ``alloc_row`` took for a request that holds no slots yet (its allocation failed)."""
+        idx = self.kv(req).req_pool_idx
+        if idx is not None and idx not in req_pool.free_slots:
+            req_pool.free(req if accepts(req_pool.free, "req") else idx)
+        self.kv(req).req_pool_idx = None
+
+    def no_slots(self) -> Any:
+        """The KV slot indices of a request that holds none: an empty index tensor, as the allocator's free takes."""
+        return self.torch.empty((0,), dtype=self.torch.int64)
 
     def seq_len(self, req: Any) -> int:
         """Tokens the request holds: its prompt and its output so far."""

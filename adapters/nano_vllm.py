@@ -8,22 +8,31 @@ of upstream nano-vllm are told apart by feature detection:
 spec                generation 1 (``can_allocate -> bool``, PyPI fork)     generation 2 (``hash_blocks``)
 ==================  =====================================================  =====================================
 admit / resume      ``can_allocate(seq)``, then ``allocate(seq)``, which   ``n = can_allocate(seq)`` (-1: refused),
-                    hashes the prompt's full blocks itself                 ``allocate(seq, n)``, ``hash_blocks``
+                    hashes the prompt's full blocks itself; contract       ``allocate(seq, n)``, ``hash_blocks``;
+                    ``unchecked``: ``allocate(seq)`` alone (raising:       no ``unchecked`` (``allocate`` takes
+                    refused, the blocks it took left to the checks)        ``can_allocate``'s count)
 append(tokens)      the blocks needed checked once (free_block_ids), then  the same, with ``hash_blocks`` after
                     per token: ``append_token``, ``may_append``            each token is computed
 release / preempt   ``deallocate(seq)``; a preempted Sequence keeps its tokens and is admitted again on resume;
-                    declared misuse contract ``repeated``: ``deallocate`` called again on the freed Sequence
+                    contracts ``repeated`` (``deallocate`` again on the freed Sequence) and, on release,
+                    ``never_admitted`` (first ``deallocate`` of a never-allocated Sequence of the same tokens)
+index               ``hash_to_block_id`` as it is, every entry: generation 1 leaves a reused block's old entry
+                    (upstream up to 8d63a98; the fork drops a freed block's), and a stale entry is shown
 ==================  =====================================================  =====================================
 
-nano-vllm has no reset and no way to drop a request's cache on release: ``reset_cache`` is not among the ops
-and ``release(keep=False)`` is declined. A block's key is its ``hash``; the index is ``hash_to_block_id``
-less stale entries (a block freed and reused keeps its old entry in generation 1; the lookup's own
-``token_ids`` guard misses on them unless the block holds the same tokens under another prefix, which shows
-as a hit of the wrong block). Evictions are derived from successive observations (kvspec/adapter/toolkit.py).
+The misuse contracts (``Capabilities.contracts``) are judged as the plain op: ``admit:unchecked`` must end as
+the checked admit would (a refusal changes nothing), the repeated and never-admitted frees must free nothing
+more than the release. nano-vllm has no reset and no way to drop a request's cache on release:
+``reset_cache`` is not among the ops and ``release(keep=False)`` is declined. A block's key is its ``hash``.
+The index is never filtered to what a lookup can hit (the adapter contract): the lookup's own ``token_ids``
+guard misses on a stale entry unless the reused block holds the same tokens under another prefix, which is a
+hit of the wrong block, so every entry is shown and cache_index_consistency reports one that names a block
+not cached under its key. Evictions are derived from successive observations (kvspec/adapter/toolkit.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,14 +54,26 @@ from kvspec.adapter import (
     import_without_init,
 )
 
+CONTRACTS = frozenset({"release:repeated", "preempt:repeated", "release:never_admitted"})
+"""Both API generations' misuse contracts: ``deallocate`` again on a freed Sequence, and on one never allocated."""
+UNCHECKED = frozenset({"admit:unchecked", "resume:unchecked"})
+"""Generation 1's: ``allocate(seq)`` with no ``can_allocate(seq)`` first (generation 2's ``allocate`` takes the
+count of cached blocks that only ``can_allocate`` gives, so a caller cannot skip the check there)."""
+
 
 class NanoVllmAdapter:
-    """nano-vllm's BlockManager, with this adapter in the role of its Scheduler (check, then act)."""
+    """nano-vllm's BlockManager, with this adapter in the role of its Scheduler (check, then act).
+
+    ``engine``: the ``(block_manager, sequence)`` modules to drive; default: the installed nano-vllm's (a test
+    passes a small allocator of the same API, tests/stale_index_allocator.py).
+    """
 
     name = "nano-vllm"
 
-    def __init__(self) -> None:
-        self.bm_mod, self.seq_mod = import_without_init("nanovllm", "engine.block_manager", "engine.sequence")
+    def __init__(self, engine: tuple[Any, Any] | None = None) -> None:
+        self.bm_mod: Any
+        self.seq_mod: Any
+        self.bm_mod, self.seq_mod = engine or import_without_init("nanovllm", "engine.block_manager", "engine.sequence")
         self.gen = 2 if hasattr(self.bm_mod.BlockManager, "hash_blocks") else 1
         semantics = Semantics(eviction="lru", hit_cap=self.gen == 2, duplicate_keys="newest", exact=True)
         self.capabilities = Capabilities(
@@ -60,7 +81,7 @@ class NanoVllmAdapter:
             ops=frozenset({"admit", "append", "release", "preempt", "resume"}),
             declines=frozenset({"release_drop"}),
             checks_input=False,
-            contracts=frozenset({"release:repeated", "preempt:repeated"}),
+            contracts=CONTRACTS | (UNCHECKED if self.gen == 1 else frozenset()),
             version=f"{_version(self.bm_mod)} (API generation {self.gen})",
         )
         self.reset(Config())
@@ -76,42 +97,37 @@ class NanoVllmAdapter:
     def close(self) -> None:
         pass
 
+    def _sequence(self, tokens: Sequence[int]) -> Any:
+        return self.seq_mod.Sequence(list(tokens), self.seq_mod.SamplingParams())  # required before 658520b
+
     def apply(self, op: Op) -> Outcome:
-        before, req, bs = self.observe(), op.req or "", self.bm.block_size
-        if op.op == "admit":
-            seq = self.seq_mod.Sequence(list(op.tokens), self.seq_mod.SamplingParams())  # required before 658520b
-            self.seqs[req], self.prompt_len[req] = seq, len(op.tokens)
-            outcome = self._allocate(req)
-            if outcome.status != "ok":
-                del self.seqs[req], self.prompt_len[req]
-        elif op.op == "resume":
-            outcome = self._allocate(req)
+        before, req = self.observe(), op.req or ""
+        if op.op in ("admit", "resume"):
+            outcome, taken = self._admission(op, req)
         elif op.op == "append":
-            seq = self.seqs[req]
-            need = blocks_for(len(seq) + len(op.tokens), bs) - len(seq.block_table)
-            outcome = append_atomically(
-                op.tokens,
-                blocks_needed=need,
-                free_blocks=len(self.bm.free_block_ids),
-                append_one=lambda token: self._decode(seq, token),
-            )
+            outcome, taken = self._append(req, op.tokens, len(before.requests[req].objects))
         else:  # release, preempt
-            if req not in self.preempted:
-                self.bm.deallocate(self.seqs[req])
-            if op.contract == "repeated":  # the misuse contract: deallocate again; a freed Sequence frees nothing
-                self.bm.deallocate(self.seqs[req])
-            if op.op == "release":
-                del self.seqs[req], self.prompt_len[req]
-                self.preempted.discard(req)
-            else:
-                self.preempted.add(req)
-            outcome = Outcome.ok()
-        if outcome.status == "ok":
-            seq = self.seqs.get(req)
-            table = seq.block_table if seq is not None and op.op in ("admit", "resume", "append") else []
-            held = len(before.requests[req].objects) if op.op == "append" else (outcome.hit_tokens or 0) // bs
-            self._events += derived_events(before, self.observe(), table[held:])  # taken from the free pool
+            outcome, taken = self._free(op, req), []
+        self._events += derived_events(before, self.observe(), taken)  # taken: from the free pool, hits aside
         return outcome
+
+    def _admission(self, op: Op, req: str) -> tuple[Outcome, list[int]]:
+        """admit / resume: the Scheduler's prefill (contract ``unchecked``: ``allocate`` without ``can_allocate``).
+
+        A Sequence whose ``allocate`` raised is abandoned with the blocks it took (the engine's, judged as it
+        left them); a refused resume keeps the request waiting, with a fresh Sequence of its tokens then.
+        """
+        if op.op == "admit":
+            self.seqs[req], self.prompt_len[req] = self._sequence(op.tokens), len(op.tokens)
+        seq = self.seqs[req]
+        outcome = self._allocate_unchecked(req) if op.contract == "unchecked" else self._allocate(req)
+        held = (outcome.hit_tokens or 0) if outcome.status == "ok" else seq.num_cached_tokens
+        taken = list(seq.block_table[held // self.bm.block_size :])
+        if outcome.status != "ok" and op.op == "admit":
+            del self.seqs[req], self.prompt_len[req]
+        elif outcome.status != "ok" and seq.block_table:
+            self.seqs[req] = self._sequence(seq.token_ids)
+        return outcome, taken
 
     def _allocate(self, req: str) -> Outcome:
         """The Scheduler's prefill: check, allocate, and (generation 2) hash the blocks once computed."""
@@ -130,6 +146,44 @@ class NanoVllmAdapter:
             self._computed(seq, len(seq) - hit_tokens)
         self.preempted.discard(req)
         return Outcome.ok(hit_tokens)
+
+    def _allocate_unchecked(self, req: str) -> Outcome:
+        """Generation 1's ``allocate(seq)`` with no ``can_allocate`` first: a pool short of blocks raises in it."""
+        seq = self.seqs[req]
+        try:
+            self.bm.allocate(seq)
+        except Exception as exc:  # the engine's own failure (IndexError: no free block left); what it left is judged
+            return Outcome.refused(f"allocate raised {type(exc).__name__}: {exc}")
+        self.preempted.discard(req)
+        return Outcome.ok(seq.num_cached_tokens)
+
+    def _append(self, req: str, tokens: Sequence[int], held: int) -> tuple[Outcome, list[int]]:
+        seq = self.seqs[req]
+        outcome = append_atomically(
+            tokens,
+            blocks_needed=blocks_for(len(seq) + len(tokens), self.bm.block_size) - len(seq.block_table),
+            free_blocks=len(self.bm.free_block_ids),
+            append_one=lambda token: self._decode(seq, token),
+        )
+        return outcome, list(seq.block_table[held:])
+
+    def _free(self, op: Op, req: str) -> Outcome:
+        """release / preempt: ``deallocate``, as the Scheduler's finish and preempt do, and the misuse contracts:
+        ``repeated`` (``deallocate`` again on the freed Sequence) and ``never_admitted`` (first ``deallocate`` of
+        a Sequence of the same tokens that was never allocated); each frees nothing more."""
+        seq = self.seqs[req]
+        if op.contract == "never_admitted":
+            self.bm.deallocate(self._sequence(seq.token_ids))
+        if req not in self.preempted:
+            self.bm.deallocate(seq)
+        if op.contract == "repeated":
+            self.bm.deallocate(seq)
+        if op.op == "release":
+            del self.seqs[req], self.prompt_len[req]
+            self.preempted.discard(req)
+        else:
+            self.preempted.add(req)
+        return Outcome.ok()
 
     def _computed(self, seq: Any, tokens: int) -> None:
         """Generation 2's postprocess: the scheduled tokens were computed, their full blocks get hashed."""
@@ -150,6 +204,12 @@ class NanoVllmAdapter:
         return events
 
     def observe(self) -> Observation:
+        """The BlockManager's own state: its blocks, the Sequences' tables, and ``hash_to_block_id`` as it is.
+
+        Every index entry is shown, a stale one too (an entry left naming a block that was reused since):
+        the lookup's ``token_ids`` guard does not keep it from hitting a reused block that holds the same
+        tokens under another prefix, and cache_index_consistency is the check that judges it.
+        """
         bm, bs = self.bm, self.bm.block_size
         tokens: dict[int, int] = {}
         requests = {}
@@ -166,7 +226,7 @@ class NanoVllmAdapter:
             for b in bm.blocks
             if b.ref_count or b.hash != -1
         }
-        index = {h: (bid,) for h, bid in bm.hash_to_block_id.items() if bm.blocks[bid].hash == h}
+        index = {h: (bid,) for h, bid in bm.hash_to_block_id.items()}
         free = sum(1 for bid in bm.free_block_ids if bm.blocks[bid].hash == -1)  # cached free blocks are objects
         return Observation(len(bm.blocks), free, objects, requests, index)
 

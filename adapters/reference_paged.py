@@ -143,7 +143,7 @@ class ReferencePagedAdapter:
             elif block_id in self._held:
                 dropped.add(block_id)
                 self._held.discard(block_id)
-        index = {h: (pool.cached[h].block_id,) for h in keys if h in pool.cached}
+        index = {h: tuple(b.block_id for b in pool.entries(h)) for h in keys if h in pool.cached}
         free = pool.num_blocks - len(self._held)
         delta = ObservationDelta(
             free, objects, frozenset(dropped), requests, frozenset(dropped_requests), index,
@@ -227,7 +227,7 @@ class ReferencePagedAdapter:
         }
         # The pool's own accounting: queued blocks that hold no cached prefix.
         free = sum(1 for b in pool.free_queue.values() if b.block_hash is None)
-        index = {h: (b.block_id,) for h, b in pool.cached.items()}
+        index = {h: tuple(b.block_id for b in pool.entries(h)) for h in pool.cached}
         self._since_observed()
         self._whole, self._held = False, set(objects)
         return Observation(pool.num_blocks, free, objects, requests, index)
@@ -276,7 +276,10 @@ class ReferenceNewestAdapter(ReferencePagedAdapter):
 
     name = "reference-newest"
     capabilities = Capabilities(
-        semantics=Semantics(duplicate_keys="newest"), version="0.1.0", deltas=True, checks_input=True
+        semantics=Semantics(duplicate_keys="newest", hit_prefers_held=True),
+        version="0.1.0",
+        deltas=True,
+        checks_input=True,
     )
 
     def __init__(self, pool_factory: PoolFactory | None = None) -> None:

@@ -19,13 +19,18 @@ preempt(r)         ``release_kv_cache(req, tree, checkpoint=False)``; ``req.rese
 resume(r)          as admit, for the retracted Req with all its tokens.
 reset_cache()      the scheduler's flush: refused while any request is live; else ``tree.reset()``,
                    ``req_to_token_pool.clear()``, ``allocator.clear()``.
+contracts          ``admit:unchecked``, ``resume:unchecked``, ``append:unchecked``: no budget first; SGLang's
+                   allocation evicts from the tree and raises out of memory when the pool still lacks room
+                   (refused: the row and lock are given back, what SGLang's call left is judged);
+                   ``release:never_admitted``: first the allocator's ``free`` of a request holding no slots.
 =================  ========================================================================================
 
 The observation is projected from SGLang's own state (``observe``): one page of
 ``page_size`` KV slots is one block object; a page in the tree is keyed by the
 token path from the root to its end and carries its node's ``lock_ref``; a page a
 request holds outside the tree is uncached; free is the allocator's
-``available_size()``. The whole tree (keys, values, lock_ref, parents, children,
+``available_size()``. Nothing is filtered: a node's partial last page is an object
+too, keyed by its path. The whole tree (keys, values, lock_ref, parents, children,
 access times, the evictable and protected sizes, each request's row and lock)
 goes under ``extra["radix"]`` for the radix invariants (spec.radix_view).
 """
@@ -65,10 +70,18 @@ POLICIES: dict[str, RadixOrder] = {
 def declared_semantics(policy: str) -> Semantics:
     """SGLang's choices as spec parameters: pages are blocks; unlocked leaves are evicted in the order of its
     eviction strategy (lru by default); a hit leaves one prompt token to compute; a flush needs an idle
-    scheduler. Not exact: eviction frees whole nodes and full pages are cached on prefill and release only, so
+    scheduler; a retraction keeps what the tree held and frees the decoded tokens not inserted yet (SGLang's
+    ``retract_decode``: ``release_kv_cache(req, tree_cache, checkpoint=False)``, "TODO: for preempted requests,
+    we may want to insert into the tree"), a bounded loss declared as ``preempt_keeps="cached"``. Not exact:
+    eviction frees whole nodes and full pages are cached on prefill and release only, so
     the block ledger's predictions do not apply; every safety, radix and policy invariant does."""
     return Semantics(
-        granularity="block", eviction=POLICIES[policy], hit_cap=True, reset_requires_idle=True, exact=False
+        granularity="block",
+        eviction=POLICIES[policy],
+        hit_cap=True,
+        reset_requires_idle=True,
+        exact=False,
+        preempt_keeps="cached",  # retraction frees what was decoded since the last insertion (docs/sglang.md)
     )
 
 
@@ -77,6 +90,13 @@ NOTES = (
     "refinement checks are off (exact=False): SGLang evicts whole tree nodes, LRU over leaves",
     "reset_cache is refused while any request is live, preempted ones included (the scheduler's flush)",
 )
+
+
+CONTRACTS = frozenset({"admit:unchecked", "resume:unchecked", "append:unchecked", "release:never_admitted"})
+"""The misuse contracts SGLang's API allows (judged as the plain op): the allocation with no budget first
+(``unchecked``: SGLang evicts and allocates, and raises out of memory when the pool lacks room), and the
+allocator's ``free`` of a request that holds no slots (``never_admitted``: an empty index tensor). Its
+``release_kv_cache`` asserts on a request that holds no row (repeated, or never admitted), so no repeated free."""
 
 
 def _tokens(key: Any) -> tuple[int, ...]:
@@ -92,7 +112,7 @@ class SglangAdapter:
         self.sg = shims.load()
         self.policy = policy
         self.capabilities = Capabilities(
-            semantics=declared_semantics(policy), version=f"sglang {self.sg.version}", notes=NOTES
+            semantics=declared_semantics(policy), version=f"sglang {self.sg.version}", notes=NOTES, contracts=CONTRACTS
         )
         self.running: dict[str, Any] = {}  # request id -> Req holding a row
         self.waiting: dict[str, Any] = {}  # request id -> retracted Req, holding nothing
@@ -163,51 +183,80 @@ class SglangAdapter:
         """PrefillAdder's and check_decode_mem's budget: available slots plus the tree's evictable size."""
         return int(self.alloc.available_size()) + self.sg.evictable(self.tree) >= tokens
 
-    def _schedule(self, req: Any) -> Outcome:
-        """Prefill a waiting Req: match, lock, budget, row, slots (evicting when short), then checkpoint."""
+    def _schedule(self, req: Any, checked: bool = True) -> Outcome:
+        """Prefill a waiting Req: match, lock, budget, row, slots (evicting when short), then checkpoint.
+
+        ``checked=False`` (the misuse contract ``unchecked``): no budget first, so SGLang's own allocation finds
+        a pool that lacks room: ``alloc_paged_token_slots_extend`` raises out of memory (its allocator's
+        ``alloc_extend`` returned None); the adapter gives back the row and the lock it took, and answers
+        refused with what SGLang's call left (the tree evicted before the allocation failed) to the checks.
+        """
         sg, tree, ps = self.sg, self.tree, self.page_size
         prefix_len, _ = sg.match(req, tree)
         sg.lock(req, tree)
         seq_len = sg.seq_len(req)
         need = (blocks_for(seq_len, ps) - prefix_len // ps) * ps
-        if not self._fits(need):
+        if checked and not self._fits(need):
             sg.unlock(req, tree)
             return Outcome.refused(f"{need} slots needed, {self.alloc.available_size()} available")
         prefix = sg.prefix_slots(tree, req)
         sg.alloc_row(self.req_pool, req, tree)
         row = self.req_pool.req_to_token[sg.row_index(req)]
         row[:prefix_len] = prefix[:prefix_len]
-        out = sg.alloc_tokens(tree, row, prefix_len, seq_len)
+        out = self._alloc(row, prefix_len, seq_len, checked)
+        if isinstance(out, Outcome):
+            sg.free_row(self.req_pool, req)
+            sg.unlock(req, tree)
+            return out
         row[prefix_len:seq_len] = out
         sg.mark_allocated(req, seq_len)
         sg.checkpoint(req, tree, seq_len)
         self.running[req.rid] = req
         return Outcome.ok(prefix_len)
 
+    def _alloc(self, row: Any, start: int, end: int, checked: bool) -> Any:
+        """KV slots for tokens [start, end) of ``row`` (SGLang evicting from the tree when short). Past no budget
+        (``checked=False``) SGLang's out of memory is its answer: a refused Outcome, its log and tree dump
+        silenced; past the budget it raises, as anything SGLang raises, for the kit to report."""
+        if checked:
+            return self.sg.alloc_tokens(self.tree, row, start, end)
+        try:
+            with shims.silenced():
+                return self.sg.alloc_tokens(self.tree, row, start, end)
+        except RuntimeError as exc:
+            return Outcome.refused(f"SGLang's allocation raised: {str(exc).splitlines()[0]}")
+
     def _admit(self, rid: str, op: Op) -> Outcome:
-        return self._schedule(self.sg.request(rid, op.tokens))
+        return self._schedule(self.sg.request(rid, op.tokens), checked=op.contract != "unchecked")
 
     def _resume(self, rid: str, op: Op) -> Outcome:
-        outcome = self._schedule(self.waiting[rid])
+        outcome = self._schedule(self.waiting[rid], checked=op.contract != "unchecked")
         if outcome.status == "ok":
             del self.waiting[rid]
         return outcome
 
     def _append(self, rid: str, op: Op) -> Outcome:
+        """Decode tokens: check_decode_mem's budget (none under the contract ``unchecked``), then their slots."""
         sg, ps = self.sg, self.page_size
         req = self.running[rid]
         before = sg.seq_len(req)
         after = before + len(op.tokens)
         need = (blocks_for(after, ps) - blocks_for(before, ps)) * ps
-        if not self._fits(need):
+        if op.contract != "unchecked" and not self._fits(need):
             return Outcome.refused(f"{need} slots needed, {self.alloc.available_size()} available")
         req.output_ids.extend(op.tokens)
         row = self.req_pool.req_to_token[sg.row_index(req)]
-        row[before:after] = sg.alloc_tokens(self.tree, row, before, after)
+        out = self._alloc(row, before, after, op.contract != "unchecked")
+        if isinstance(out, Outcome):  # the tokens are taken back
+            del req.output_ids[len(req.output_ids) - len(op.tokens) :]
+            return out
+        row[before:after] = out
         sg.mark_allocated(req, after)
         return Outcome.ok()
 
     def _release(self, rid: str, op: Op) -> Outcome:
+        if op.contract == "never_admitted":  # the allocator's free of what a never-admitted request holds: nothing
+            self.alloc.free(self.sg.no_slots())
         if rid in self.waiting:
             del self.waiting[rid]
             return Outcome.ok()
@@ -294,9 +343,9 @@ class SglangAdapter:
                 continue
             path = view.path(node.nid) or ()
             start = len(path) - len(node.key)
-            for i in range(0, len(node.value) - ps + 1, ps):
+            for i in range(0, len(node.value), ps):  # a node's partial last page too: shown, never dropped
                 page, key = node.value[i] // ps, path[: start + i + ps]
-                objects[page] = ObjectView(page, 1, ps, node.lock_ref, key)
+                objects[page] = ObjectView(page, 1, min(ps, len(node.value) - i), node.lock_ref, key)
                 index[key] = (page,)
         requests: dict[str, RequestView] = {}
         outside: dict[int, list[int]] = {}

@@ -10,8 +10,11 @@ spec               BlockPool calls
 admit(r, prompt)   get_cached_block for each full block's hash, up to the hit cap;
                    refused when new blocks + cached-free hits > get_num_free_blocks();
                    else touch(hits), get_new_blocks(rest), cache_full_blocks.
-append(r, toks)    the Request grows; get_new_blocks for the blocks past its tail;
-                   cache_full_blocks for the newly full ones.
+append(r, toks)    the Request grows; refused when the blocks past its tail exceed
+                   get_num_free_blocks(); else get_new_blocks for them and
+                   cache_full_blocks for the newly full ones. Contract ``unchecked``: no
+                   count first, get_new_blocks raising (ValueError) when the pool is short
+                   is the refusal, and must leave the pool as it was.
 release(r)         free_blocks once, tail first, with r's references *and* those of a
                    sibling that shares r's cached blocks and finishes in the same step
                    (parallel sampling): touch(cached blocks), then free_blocks with each
@@ -21,6 +24,11 @@ preempt(r)         as release (keep=True), and r waits with all its tokens.
 resume(r)          as admit, for the waiting Request.
 reset_cache()      reset_prefix_cache().
 =================  ======================================================================
+
+The BlockPool has no request-level free (the caller owns the tables), so the repeated and
+never-admitted frees of the ``vllm`` adapter have no pool-level counterpart here; and no
+``admit:unchecked``: an admission touches its hit blocks before get_new_blocks, so a raise there
+leaves the caller's touch, which only the caller can undo (vLLM's manager counts first).
 
 The repeated references in one free_blocks call exercise the pool's
 misuse-tolerant contract: a block freed twice in one call while it holds two
@@ -41,6 +49,7 @@ class VllmBlockPoolAdapter(VllmProjection):
     """vLLM's BlockPool, with this adapter in the role of the single-type KV cache manager."""
 
     name = "vllm-blockpool"
+    CONTRACTS = frozenset({"append:unchecked"})
 
     def __init__(self, *, sibling_frees: bool = True) -> None:
         self.sibling_frees = sibling_frees
@@ -85,11 +94,15 @@ class VllmBlockPoolAdapter(VllmProjection):
         before = request.num_tokens
         request.append_output_token_ids(list(op.tokens))
         new = blocks_for(request.num_tokens, bs) - len(table)
-        if new > pool.get_num_free_blocks():
+        if op.contract != "unchecked" and new > pool.get_num_free_blocks():
             self.vllm.truncate_request(request, before, bs)
             return Outcome.refused("not enough free blocks")
         if new > 0:
-            table.extend(pool.get_new_blocks(new))
+            try:
+                table.extend(pool.get_new_blocks(new))
+            except ValueError as exc:  # the contract "unchecked": the pool's own refusal, which must change nothing
+                self.vllm.truncate_request(request, before, bs)
+                return Outcome.refused(f"get_new_blocks raised: {exc}")
         self.vllm.cache_full_blocks(pool, request, table, before // bs, request.num_tokens // bs, bs)
         request.num_computed_tokens = request.num_tokens
         return Outcome.ok()

@@ -105,6 +105,7 @@ class VllmHybridAdapter(VllmAdapter):
             version=f"vllm {self.vllm.version}",
             pool_scale=len(self.shape),  # each group takes a block per position
             deltas=True,
+            contracts=self.CONTRACTS,  # the KVCacheManager's repeated and never-admitted frees (vllm_inprocess.py)
             notes=(
                 *notes,
                 f"KV cache groups: {', '.join(_describe(s) for s in self.shape)}",
@@ -164,7 +165,7 @@ class VllmHybridAdapter(VllmAdapter):
         if not op.keep:
             mine = [b for t in self._group_tables(req) for b in t if not b.is_null]
             self.vllm.drop_cached(self.pool, [b for b in mine if b.ref_cnt == 1 and b.block_hash is not None])
-        self.manager.free(request)
+        self._free_request(request, op)
         return Outcome.ok()
 
     # -- projection ---------------------------------------------------------------------------

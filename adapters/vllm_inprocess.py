@@ -14,13 +14,23 @@ release(r)         free(r). keep=False: first drop the prefix-cache entries of t
 preempt(r)         free(r); status PREEMPTED, num_computed_tokens = 0; r waits here.
 resume(r)          as admit, for the waiting Request with all its tokens.
 reset_cache()      reset_prefix_cache(); False (a block is in use): refused.
+contracts          ``release:repeated``, ``preempt:repeated``: free(r) called again (the
+                   manager pops r's blocks, "default [] in case a request is freed before
+                   alloc": the repeat frees nothing); ``release:never_admitted``: first
+                   free() of a Request of r's tokens that was never admitted (frees nothing).
 =================  ====================================================================
 
+The misuse contracts (``Capabilities.contracts``) are judged as the plain op. There is no
+``unchecked`` admission here: ``allocate_slots`` is itself the capacity check (None when the
+request does not fit, before it takes a block), so the scheduler's admission already is the
+unchecked call and its refusal path is the plain refused admit's (atomic_failure judges it).
+
 The observation is projected from vLLM's own state, never recomputed
-(``VllmProjection.observe``). The adapter decides nothing an allocator decides:
-hits, admission, evictions and ref counts all come from vLLM. What it does
-itself is what the engine's front end and scheduler do around the allocator:
-reject bad input (unknown request, empty or over-long prompt), keep preempted
+(``VllmProjection.observe``), and never filtered (the index is vLLM's hash map as
+it is). The adapter decides nothing an allocator decides: hits, admission,
+evictions and ref counts all come from vLLM. What it does itself is what the
+engine's front end and scheduler do around the allocator: reject bad input
+(unknown request, empty or over-long prompt), keep preempted
 requests waiting, and undo the tokens of a refused append.
 """
 
@@ -111,12 +121,18 @@ class VllmProjection:
     """
 
     name = "vllm"
+    CONTRACTS: frozenset[str] = frozenset()
+    """The misuse contracts of the layer of vLLM the adapter drives (``Capabilities.contracts``)."""
 
     def __init__(self) -> None:
         self.vllm = shims.load()
         semantics, notes = declared_semantics(self.vllm)
         self.capabilities = Capabilities(
-            semantics=semantics, version=f"vllm {self.vllm.version}", notes=notes, deltas=True
+            semantics=semantics,
+            version=f"vllm {self.vllm.version}",
+            notes=notes,
+            deltas=True,
+            contracts=self.CONTRACTS,
         )
         self.running: dict[str, Any] = {}  # request id -> Request holding blocks
         self.waiting: dict[str, Any] = {}  # request id -> preempted Request, holding none
@@ -378,6 +394,7 @@ class VllmAdapter(VllmProjection):
     """vLLM's KVCacheManager (coordinator, single-type manager, BlockPool) driven like its scheduler does."""
 
     name = "vllm"
+    CONTRACTS = frozenset({"release:repeated", "preempt:repeated", "release:never_admitted"})
 
     def _new_pool(self, num_blocks: int) -> Any:
         self.manager = self.vllm.manager(num_blocks, self.block_size, self.max_model_len)
@@ -414,12 +431,23 @@ class VllmAdapter(VllmProjection):
         if not op.keep:
             table = self.manager.coordinator.single_type_managers[shims.GROUP].req_to_blocks.get(req) or []
             self.vllm.drop_cached(self.pool, [b for b in table if b.ref_cnt == 1 and b.block_hash is not None])
-        self.manager.free(request)
+        self._free_request(request, op)
         return Outcome.ok()
+
+    def _free_request(self, request: Any, op: Op) -> None:
+        """free(request), as the scheduler's finish and preempt do, through the misuse contracts: ``never_admitted``
+        first frees a Request of the same tokens that was never admitted, ``repeated`` frees the request again."""
+        if op.contract == "never_admitted":
+            self.manager.free(
+                self.vllm.request(f"{request.request_id}:never-admitted", request.all_token_ids, self.hasher)
+            )
+        self.manager.free(request)
+        if op.contract == "repeated":
+            self.manager.free(request)
 
     def _preempt(self, req: str, op: Op) -> Outcome:
         request = self.running.pop(req)
-        self.manager.free(request)
+        self._free_request(request, op)
         request.status = self.vllm.RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         self.waiting[req] = request

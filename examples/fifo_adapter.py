@@ -7,7 +7,9 @@ from kvspec.adapter import Capabilities, Config, ObjectView, Observation, Op, Ou
 
 class FifoPoolAdapter:
     name, pool_class = "fifo-pool", FifoPool
-    capabilities = Capabilities(Semantics(exact=False), ops=frozenset({"admit", "append", "release"}))
+    capabilities = Capabilities(
+        Semantics(exact=False, prefix_caching=False), ops=frozenset({"admit", "append", "release"})
+    )
 
     def reset(self, config: Config) -> None:
         self.pool = self.pool_class(config.capacity, config.block_size)

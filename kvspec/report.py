@@ -53,6 +53,26 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+SAMPLE_LINES = 10
+"""How many violating line numbers a row keeps as its sample (:class:`Violations`): the first ones."""
+
+
+@dataclass(frozen=True)
+class Violations:
+    """Every violation of one invariant a check counted to the end of its input (a trace check's lines).
+
+    ``count``: the lines (or places) that broke it; ``first_line``: the first of them; ``lines``: the first
+    :data:`SAMPLE_LINES` of them, in order.
+    """
+
+    count: int
+    first_line: int
+    lines: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"violations": self.count, "first_line": self.first_line, "lines": list(self.lines)}
+
+
 @dataclass(frozen=True)
 class Row:
     """One invariant's verdict.
@@ -69,6 +89,7 @@ class Row:
     first_violation: Mapping[str, Any] | None = None
     applicable: bool = True
     reason: str | None = None
+    violations: Violations | None = None  # counted to the end (a trace check without --first); None: not counted
 
     @property
     def verdict(self) -> Verdict:
@@ -86,6 +107,8 @@ class Row:
         }
         if self.verdict == "unknown" and self.reason is not None:
             out["reason"] = self.reason
+        if self.violations is not None and self.verdict == "violated":
+            out.update(self.violations.to_json())
         return out
 
 
@@ -96,13 +119,16 @@ def rows(
     *,
     applicable: Iterable[str] | None = None,
     reasons: Mapping[str, str] | None = None,
+    violations: Mapping[str, Violations] | None = None,
 ) -> list[Row]:
     """The rows of ``invariants`` ((name, kind) pairs, in report order) from per-name counts and first violations.
 
-    ``applicable``: the names that can be judged here (default: all); ``reasons``: why a name may be unknown.
+    ``applicable``: the names that can be judged here (default: all); ``reasons``: why a name may be unknown;
+    ``violations``: each violated name's count of violations, where the check counted them.
     """
     judged = None if applicable is None else frozenset(applicable)
     why = reasons or {}
+    counted = violations or {}
     return [
         Row(
             name,
@@ -111,6 +137,7 @@ def rows(
             first_violation.get(name),
             judged is None or name in judged,
             why.get(name),
+            counted.get(name),
         )
         for name, kind in invariants
     ]
@@ -248,12 +275,14 @@ def report_problems(data: Any) -> list[str]:
 __all__ = [
     "REPORT_KEYS",
     "REPORT_SCHEMA",
+    "SAMPLE_LINES",
     "STATUSES",
     "ExitCode",
     "Report",
     "Row",
     "Status",
     "Verdict",
+    "Violations",
     "now",
     "report_problems",
     "rows",

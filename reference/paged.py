@@ -150,6 +150,11 @@ class PagedPrefixCache:
             hashes.append(parent)
         return hashes
 
+    def entries(self, block_hash: bytes) -> list[Block]:
+        """The blocks a lookup of ``block_hash`` can find, the one it takes first (none when it is not cached)."""
+        block = self.cached.get(block_hash)
+        return [] if block is None else [block]
+
     def find_cached_prefix(self, tokens: Sequence[int]) -> list[Block]:
         """The longest chain of cached blocks that starts the prompt, leaving one token to compute.
 
@@ -240,12 +245,16 @@ class PagedPrefixCache:
         limit = self.req_cache_limit.get(req_id)
         for i in range(start, len(hashes) if limit is None else min(len(hashes), limit)):
             if hashes[i] not in self.cached:
-                blocks[i].block_hash = hashes[i]
-                blocks[i].parent_hash = hashes[i - 1] if i else None
-                blocks[i].prefix_depth = i + 1
-                self.cached[hashes[i]] = blocks[i]
-                if i:
-                    self.children[hashes[i - 1]] += 1
+                self._cache_block(blocks[i], hashes, i)
+
+    def _cache_block(self, block: Block, hashes: Sequence[bytes], i: int) -> None:
+        """``block``, the i-th of a request whose full blocks hash to ``hashes``, takes its hash and the index entry."""
+        block.block_hash = hashes[i]
+        block.parent_hash = hashes[i - 1] if i else None
+        block.prefix_depth = i + 1
+        self.cached[hashes[i]] = block
+        if i:
+            self.children[hashes[i - 1]] += 1
 
     def _blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -323,7 +332,9 @@ class PagedPrefixCache:
         """Drop a request's references, tail block first, onto the free queue's tail.
 
         With keep_cached=False a block whose last reference goes is reclaimed: it
-        leaves the prefix cache at once instead of waiting for lazy eviction.
+        leaves the prefix cache at once instead of waiting for lazy eviction. With
+        it, a full block left unhashed as a duplicate takes its hash if no block
+        holds that hash any more: what the request computed stays findable.
 
         raises: ValueError
         post: req_id not in self.req_blocks and req_id not in self.req_tokens
@@ -332,12 +343,16 @@ class PagedPrefixCache:
         if req_id not in self.req_blocks:
             raise ValueError(f"unknown request {req_id!r}")
         blocks = self.req_blocks.pop(req_id)
-        del self.req_tokens[req_id]
-        self.req_cache_limit.pop(req_id, None)
-        for block in reversed(blocks):
+        hashes = self.block_hashes(self.req_tokens.pop(req_id))
+        limit = self.req_cache_limit.pop(req_id, None)
+        for i in reversed(range(len(blocks))):
+            block = blocks[i]
             block.ref_cnt -= 1
             if block.ref_cnt:
                 continue
+            kept = keep_cached and i < len(hashes) and (limit is None or i < limit)
+            if kept and block.block_hash is None and hashes[i] not in self.cached:
+                self._cache_block(block, hashes, i)
             if block.block_hash is not None and not keep_cached:
                 self.evictions.append(("reclaim", block.block_id, block.block_hash))
                 self._uncache(block)

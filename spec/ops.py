@@ -19,6 +19,7 @@ Status = Literal["ok", "refused", "invalid"]
 EvictionOrder = Literal["lru", "lifecycle", "score", "shared_aware", "family_protect"] | RadixOrder
 DuplicateKeys = Literal["unkeyed", "indexed", "newest"]
 FreeUncached = Literal["tail", "head"]
+PreemptKeeps = Literal["computed", "cached"]
 
 OP_KINDS: tuple[OpKind, ...] = ("admit", "append", "release", "preempt", "resume", "reset_cache")
 
@@ -110,19 +111,31 @@ class Semantics:
       and take uncached free blocks before evicting any. The ``radix_*`` orders
       are a radix tree's (spec.radix_view): unlocked leaves by the order's rank key.
     hit_cap: a prefix hit leaves at least one prompt token to compute (vLLM).
+    prefix_caching: the pool caches full blocks for later requests to hit (off: an allocator with no prefix
+      cache, or vLLM's ``enable_prefix_caching=False``: no block is ever keyed, so no hit is lost or kept).
     reset_requires_idle: reset_cache is refused while any object is referenced.
-    duplicate_keys: a block that becomes full while its key is already cached by
-      another block: ``unkeyed`` stays uncached (one block per key); ``indexed`` is
-      cached too, and the index lists every block under that key in insertion
-      order, hits taking the first (vLLM: no de-duplication, block tables are
-      append-only); ``newest``: the new block takes the index entry and the block
-      that held it keeps its key, cached but unreachable (no lookup finds it) until
-      it is evicted; when the entry's owner leaves the cache the key leaves the
-      index, and no unreachable duplicate takes its place (nano-vllm: one
-      ``hash_to_block_id`` entry per hash, overwritten).
+    duplicate_keys: which copy a lookup returns where several blocks hold one key (a choice among correct
+      behaviours: no value makes losing a copy correct, docs/semantics.md). A block that becomes full while its
+      key is already cached by another block: ``unkeyed`` stays uncached while it is held (one block per key),
+      and takes the key when its request frees it if no other block holds the key then (the request computed
+      those tokens: dropping them loses every later hit on them); ``indexed`` is cached too, and the index lists
+      every block under that key in insertion order, hits taking the first (vLLM: no de-duplication, block
+      tables are append-only); ``newest``: the new block takes the index entry and the older copies stay
+      findable behind it, newest first, so that when the entry's owner leaves the cache the next copy takes
+      its place (a one-entry-per-hash index that forgets the older copies, nano-vllm's, loses their hits:
+      ``no_lost_hit``).
+    hit_prefers_held: where several blocks hold a hit's key, the hit shares one that a running request
+      holds before it takes an idle one out of the free queue (the declared duplicate_keys order among the
+      rest). Off, a hit takes the copy duplicate_keys names, held or not; no_needless_allocation reports each
+      idle copy taken while a held one was there, whatever is declared.
     free_uncached: where a released block that holds no cached key joins the free
       queue: ``tail`` like every other block, or ``head``, so that it is reused
       before any cached block is evicted (vLLM >= 0.24). Block granularity only.
+    preempt_keeps: the promise every engine keeps: a preemption never drops what the cache held when it came.
+      ``computed``: it also leaves every full block the request computed cached (vLLM, nano-vllm: blocks are
+      cached as they fill). ``cached``: only what the cache held; the blocks the request filled since its
+      last insertion are freed uncached (SGLang's retraction: ``release_kv_cache(..., is_insert=False)``), a
+      bounded, documented loss that release_keeps_cache judges as exactly that rule.
     protect_min_hits: family_protect defers candidates with at least this many hits.
     admission_anchor_blocks: the cache-admission gate. A cold request (no prefix
       hit) caches at most this many of its full blocks, its first ones; the rest
@@ -142,10 +155,13 @@ class Semantics:
     granularity: Granularity = "block"
     eviction: EvictionOrder = "lru"
     hit_cap: bool = True
+    prefix_caching: bool = True
     reset_requires_idle: bool = True
     exact: bool = True
     duplicate_keys: DuplicateKeys = "unkeyed"
+    hit_prefers_held: bool = False
     free_uncached: FreeUncached = "tail"
+    preempt_keeps: PreemptKeeps = "computed"
     protect_min_hits: int = 1
     admission_anchor_blocks: int | None = None
     layout: Layout = "one_table"
@@ -161,10 +177,13 @@ class Semantics:
             "granularity": self.granularity,
             "eviction": self.eviction,
             "hit_cap": self.hit_cap,
+            "prefix_caching": self.prefix_caching,
             "reset_requires_idle": self.reset_requires_idle,
             "exact": self.exact,
             "duplicate_keys": self.duplicate_keys,
+            "hit_prefers_held": self.hit_prefers_held,
             "free_uncached": self.free_uncached,
+            "preempt_keeps": self.preempt_keeps,
             "protect_min_hits": self.protect_min_hits,
             "admission_anchor_blocks": self.admission_anchor_blocks,
             "layout": self.layout,

@@ -146,6 +146,8 @@ STREAM_INVARIANTS: tuple[tuple[str, str], ...] = (
 )
 STREAM_INVARIANT_NAMES: tuple[str, ...] = tuple(name for name, _ in STREAM_INVARIANTS)
 MAX_PROBLEMS = 20
+MAX_PLACES = 10
+"""How many places each violated invariant keeps (``StreamResult.places``): its first ones."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,12 @@ class StreamResult:
     first_violation: dict[str, dict[str, Any]] = field(default_factory=dict)
     violations: list[dict[str, Any]] = field(default_factory=list)
     seen: Counter[str] = field(default_factory=Counter)
+    # Per invariant: the places that broke it (a batch, a request, a snapshot, a gap), each counted once however
+    # many problems it had, and the first MAX_PLACES of them; ``kept``: how many places all of these lists hold.
+    place_counts: Counter[str] = field(default_factory=Counter)
+    places: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    kept: int = 0
+    _last_place: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     def fail(self, name: str, where: Mapping[str, Any], problem: str) -> None:
         entry = {"invariant": name, **where, "problems": [problem]}
@@ -239,6 +247,13 @@ class StreamResult:
         first = self.first_violation.setdefault(name, {**where, "problems": []})
         if len(first["problems"]) < 5 and first.get("batch") == where.get("batch"):
             first["problems"].append(problem)
+        if self._last_place.get(name) != where:  # a place's problems come one after another
+            place = self._last_place[name] = dict(where)
+            self.place_counts[name] += 1
+            kept = self.places.setdefault(name, [])
+            if len(kept) < MAX_PLACES:
+                kept.append(place)
+                self.kept += 1
 
     @property
     def violated(self) -> list[str]:

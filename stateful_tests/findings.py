@@ -114,6 +114,7 @@ class Result:
             "examples_to_first_failure": (tally.first_failure_at or (None, None))[0],
             **(budget if self.time_budget_s is not None else {}),
             "seconds_to_first_failure": None if tally.first_failure_s is None else round(tally.first_failure_s, 3),
+            **({"violations": dict(tally.violations)} if tally.step_past else {}),
         }
 
     def _details(self) -> list[str]:
@@ -145,6 +146,9 @@ class Result:
                 f"first failure after {tally.first_failure_at[0]} examples ({tally.first_failure_s or 0:.1f} s); "
                 "the rest were shrinking"
             )
+        if tally.violations:
+            counted = ", ".join(f"{name} {n}" for name, n in sorted(tally.violations.items(), key=lambda kv: -kv[1]))
+            lines.append(f"violations stepped past (steps that broke each invariant): {counted}")
         if tally.coverage:
             lines.append("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.coverage.items())))
         return lines
@@ -183,17 +187,32 @@ def applicable_invariants(adapter: Adapter, refine: bool = True) -> frozenset[st
 
 
 def replay_ops(
-    adapter: Adapter, config: Config, ops: Sequence[Op], tally: Tally | None = None, *, refine: bool = True
+    adapter: Adapter,
+    config: Config,
+    ops: Sequence[Op],
+    tally: Tally | None = None,
+    *,
+    refine: bool = True,
+    target: str | None = None,
 ) -> Violation | None:
-    """Run ``ops`` on a fresh pool; the first violation, or None when every invariant held."""
+    """Run ``ops`` on a fresh pool; the first violation, or None when every invariant held.
+
+    ``target``: step past violations (keep-going, the spec re-synchronised after each) and return the first
+    violation of that invariant, wherever in the ops it comes; None when it never breaks.
+    """
+    tally = tally if tally is not None else Tally()
+    if target is not None:
+        tally.step_past, tally.past = True, {}
     try:
         harness = Harness(adapter, config, tally, refine=refine)
         for op in ops:
             harness.step(op)
         harness.finish()
     except Violation as violation:
-        return violation
-    return None
+        if target is None or violation.invariant == target:
+            return violation
+        return tally.past.get(target)
+    return tally.past.get(target) if target is not None else None
 
 
 def minimize_ops(
@@ -205,6 +224,7 @@ def minimize_ops(
     refine: bool = True,
     ignore: frozenset[str] = frozenset(),
     full_check_every: int = 1,
+    step_past: bool = False,
 ) -> tuple[list[Op], Violation]:
     """Drop ops one at a time while the same invariant still breaks (1-minimal, by replay).
 
@@ -212,7 +232,8 @@ def minimize_ops(
     change what later steps draw. Replaying concrete ops has no such coupling, so
     this pass finishes what shrinking leaves. Passes repeat until one drops nothing: dropping a later op
     can make an earlier one unnecessary, and a single pass would leave it (a swarm walk's long failures
-    showed it, tests/test_swarm.py).
+    showed it, tests/test_swarm.py). ``step_past`` (keep-going): the invariant may break after others, each
+    stepped past; the case kept is the shortest that still breaks it anywhere.
     """
     best, best_violation = list(ops[: violation.step + 1]), violation
     dropped = True
@@ -221,7 +242,8 @@ def minimize_ops(
         while i < len(best):
             candidate = best[:i] + best[i + 1 :]
             tally = Tally(ignored=ignore, full_check_every=full_check_every)
-            again = replay_ops(adapter, config, candidate, tally, refine=refine) if candidate else None
+            target = violation.invariant if step_past else None
+            again = replay_ops(adapter, config, candidate, tally, refine=refine, target=target) if candidate else None
             if again is not None and again.invariant == violation.invariant:
                 best, best_violation, dropped = candidate[: again.step + 1], again, True
             else:
@@ -260,8 +282,10 @@ def record_failure(
     fresh: Adapter = factory()
     ignored = result.tally.ignored  # known violations stay unjudged while the new one is confirmed
     every = result.tally.full_check_every  # replayed and minimised under the same K as it was found
+    target = violation.invariant if options.keep_going else None
     try:
-        again = replay_ops(fresh, config, ops, Tally(ignored=ignored, full_check_every=every), refine=options.refine)
+        tally = Tally(ignored=ignored, full_check_every=every)
+        again = replay_ops(fresh, config, ops, tally, refine=options.refine, target=target)
         if again is None or again.invariant != violation.invariant:
             seen = "nothing" if again is None else again.invariant
             result.findings.append(
@@ -269,8 +293,9 @@ def record_failure(
             )
         else:
             ops, violation = minimize_ops(
-                fresh, config, ops, again, refine=options.refine, ignore=ignored, full_check_every=every
-            )
+                fresh, config, ops, again, refine=options.refine, ignore=ignored, full_check_every=every,
+                step_past=options.keep_going,
+            )  # fmt: skip
     finally:
         fresh.close()
     result.failure, result.failure_ops, result.failure_config = violation, list(ops), config
@@ -435,6 +460,7 @@ def run_search(
     profile = options.profile
     tally = Tally(
         ignored=options.ignore,
+        step_past=options.keep_going,
         deadline=None if options.time_budget_s is None else time.monotonic() + options.time_budget_s,
         states=states,
         full_check_every=options.full_check_every or profile.full_check_every,
@@ -452,6 +478,8 @@ def run_search(
             result.bad_kinds = bad_input_kinds(caps.ops, caps.semantics.granularity)
             search = Search(name, options, profile, make, adapter, tally, result)
             explore(search)
+            for violation in tally.past.values():  # keep-going: each invariant broken and stepped past
+                search.failed(violation)
             if search.found:
                 record_failures(result, make, search.found, options)
         except AdapterHung as hung:

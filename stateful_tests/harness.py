@@ -100,6 +100,12 @@ class Tally:
     # between, for adapters that report deltas (Capabilities.deltas, spec/delta.py); 1: the whole state every step.
     full_check_every: int = 1
     full_checks: int = 0  # steps and example ends judged on the whole state while taking deltas
+    # keep-going: a step that breaks invariants (adapter_contract excepted) is recorded and the example goes on,
+    # the spec's state re-synchronised to the adapter's (Harness._resync); every broken invariant's first
+    # violation is kept in ``past`` and each step's broken invariants are counted in ``violations``.
+    step_past: bool = False
+    past: dict[str, Violation] = field(default_factory=dict)
+    violations: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -380,9 +386,13 @@ class Harness:
         failures = self._judged(results)
         if judged.contract:
             failures[ADAPTER_CONTRACT] = judged.contract
-        if failures:
+        if failures and (ADAPTER_CONTRACT in failures or not self.tally.step_past):
             self._fail(index, op, failures)
         after = judged.after if self.kept is None else self.kept.now()
+        if failures:
+            self._step_past(index, op, failures)
+        if self.model is not None and any(results.values()):  # broken, ignored (a baseline's) or stepped past
+            self._resync(after)
         if self.tally.states is not None:
             self.tally.states.add(abstract_state(self.config, after))
         self.obs = after
@@ -473,8 +483,10 @@ class Harness:
             self.kept.extra = full.extra
         self.obs = self.kept.now()
         self.since_full = 0
-        if failures:
+        if failures and (ADAPTER_CONTRACT in failures or not self.tally.step_past):
             self._fail(index, op, failures)
+        if failures:
+            self._step_past(index, op, failures)
 
     def _cover(self, t: Transition) -> None:
         """Count the situations reached, so a report can say what was exercised (bad input by its class: the
@@ -491,8 +503,34 @@ class Harness:
         if outcome.hit_tokens:
             cov["prefix_hit"] += 1
 
+    def _step_past(self, index: int, op: Op, failures: dict[str, list[str]]) -> None:
+        """keep-going: each broken invariant counted, its first violation kept as its own (one invariant each, so
+        each is shrunk as its own case), and the example goes on."""
+        self._note(index, op, failures)
+        tally = self.tally
+        for name, problems in failures.items():
+            tally.violations[name] += 1
+            if name not in tally.past:
+                tally.past[name] = violation_of(name)(index, op, {name: problems}, self.config, self.ops)
+
+    def _resync(self, after: Observation) -> None:
+        """Bring the spec's state back in line with the adapter's after a step that broke an invariant (stepped
+        past, or a known violation a gate tolerates), so that what the next steps break is new and not a
+        consequence of it: the ledger adopts the observation (LedgerModel.adopt says what is adopted and what
+        stays the spec's). A ledger that cannot adopt one (record and entry granularity), or an observation it
+        cannot take, ends the refinement checks for the rest of the example."""
+        assert self.model is not None
+        try:
+            self.model.adopt(after, self.memory.content.get, self.memory.free_order)
+        except Exception:  # NotImplementedError, or a state no ledger can hold (a negative ref count, say)
+            self.model = None
+
     def _fail(self, index: int, op: Op | None, failures: dict[str, list[str]]) -> NoReturn:
         self.broken = True
+        raise self._note(index, op, failures)
+
+    def _note(self, index: int, op: Op | None, failures: dict[str, list[str]]) -> Violation:
+        """Count a violation in the tally (first failure, first violation per invariant, last failure)."""
         violation = violation_of(first_invariant(failures))(index, op, failures, self.config, self.ops)
         if self.tally.first_failure_at is None:
             self.tally.first_failure_at = (self.tally.examples, self.tally.steps)
@@ -502,7 +540,7 @@ class Harness:
         for name, problems in failures.items():
             self.tally.first_violation.setdefault(name, {"step": index, "op": where, "problems": problems[:5]})
         self.tally.last_failure = (self.config, list(self.ops), violation)
-        raise violation
+        return violation
 
 
 def abstract_state(config: Config, obs: Observation) -> Hashable:

@@ -237,7 +237,8 @@ class Options:
         metadata=flag(
             "--keep-going",
             action="store_true",
-            help="after a violation keep exploring; report each distinct violated invariant once, with its own case",
+            help="step past violations (the spec re-synchronised to the adapter) and keep exploring; report every "
+            "violated invariant with its own shrunk case and the steps that broke each",
         ),
     )
     engine: str = field(

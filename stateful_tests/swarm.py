@@ -319,7 +319,10 @@ class Walks:
             try:
                 rng = random.Random(walk_seed(self.seed, number))
                 walker = Walker(search.adapter, caps, tally, search.profile, rng, search.options.refine)
+                broken = len(tally.past)
                 walker.walk(search.profile.step_count)
+                if len(tally.past) > broken:  # keep-going: this walk broke an invariant and stepped past it
+                    self.failing = self.failing or walker.swarm
             except Violation as violation:
                 self.failing = self.failing or (walker.swarm if walker is not None else None)
                 if search.failed(violation):

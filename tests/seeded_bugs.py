@@ -12,6 +12,7 @@ of the same kind, on which its counterexample must hold.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,10 +29,10 @@ from kvspec.adapters.reference_paged import (
 from kvspec.adapters.scheduler_sim import SchedulerSimAdapter
 from kvspec.reference.eviction_policies import BlockStats, FamilyProtectPolicy, SharedAwarePolicy
 from kvspec.reference.lifecycle import CapacityError, LifecycleSim, Record
-from kvspec.reference.paged import Block, NoFreeBlocks, PagedPrefixCache
+from kvspec.reference.paged import Block, NoFreeBlocks, PagedPrefixCache, hash_block
 from kvspec.reference.paged_newest import NewestOwnsIndex
 from kvspec.reference.scheduler import Entry, QueueItem, SchedulerSim
-from kvspec.spec import Op, Outcome
+from kvspec.spec import Op, Outcome, Semantics
 
 AdapterFactory = Callable[[], Adapter]
 
@@ -49,6 +50,9 @@ class SeededBug:
     # The invariant the kit names first (Violation.invariant, the case file's "invariant") where it is not
     # ``invariant``: the same step also breaks one listed earlier in INVARIANT_NAMES. Measured, not chosen.
     named_first: str = ""
+    # Other invariants the bug breaks first on some paths (both its symptoms: which one a search meets first
+    # depends on the path it takes). Measured, not chosen.
+    symptoms: frozenset[str] = frozenset()
 
 
 def _doc(cls: type) -> str:
@@ -163,6 +167,11 @@ class ShareCopies(PagedPrefixCache):
         # Only where the copy fits: otherwise it would refuse what sharing admits, which
         # no_spurious_refusal reports first, and this bug is the one for share_without_duplication.
         return [] if self._blocks_needed(len(tokens)) <= self.num_free_blocks() else found
+
+    def allocate(self, req_id: str, tokens: Sequence[int]) -> int:
+        # It claims the hit it copied (the KV is there, in the copy): no lost hit, a duplication.
+        claimed = len(PagedPrefixCache.find_cached_prefix(self, tokens)) * self.block_size
+        return max(super().allocate(req_id, tokens), claimed)
 
 
 class ReuseKeepsIndex(PagedPrefixCache):
@@ -297,6 +306,86 @@ class NewestUnkeysOwner(NewestOwnsIndex):
         super()._cache_full_blocks(req_id, start)
 
 
+class DropsComputedOnFree(PagedPrefixCache):
+    """Release frees an unhashed duplicate block even when no other block holds its hash any more: what the
+    request computed is dropped instead of cached (the paged reference before the lost-hit checks)."""
+
+    def free(self, req_id: str, *, keep_cached: bool = True) -> None:
+        blocks = self.req_blocks.get(req_id, [])
+        unhashed = {b.block_id for b in blocks if b.block_hash is None}
+        super().free(req_id, keep_cached=keep_cached)
+        for block in blocks:
+            if block.block_id in unhashed and block.block_hash is not None and not block.ref_cnt:
+                self._uncache(block)
+
+
+class NewestForgetsCopies(NewestOwnsIndex):
+    """One index entry per hash, the newest block's: when it leaves the cache the hash leaves the index, and the
+    older copies the pool still holds are found by no lookup (nano-vllm's hash_to_block_id)."""
+
+    def _uncache(self, block: Block) -> None:
+        if self.cached.get(block.block_hash or b"") is block:
+            self.copies.pop(block.block_hash or b"", None)  # the index remembers no older copy
+        super()._uncache(block)
+
+
+class IndexedCopies(NewestOwnsIndex):
+    """Every copy of a hash indexed in insertion order, the first one the entry (duplicate_keys="indexed")."""
+
+    def _cache_full_blocks(self, req_id: str, start: int) -> None:
+        blocks, hashes = self.req_blocks[req_id], self.block_hashes(self.req_tokens[req_id])
+        limit = self.req_cache_limit.get(req_id)
+        for i in range(start, len(hashes) if limit is None else min(len(hashes), limit)):
+            owner = self.cached.get(hashes[i])
+            if owner is None:
+                self._cache_block(blocks[i], hashes, i)
+            elif owner is not blocks[i] and blocks[i] not in self.copies.get(hashes[i], []):
+                blocks[i].block_hash, blocks[i].parent_hash = hashes[i], hashes[i - 1] if i else None
+                blocks[i].prefix_depth = i + 1
+                self.copies.setdefault(hashes[i], []).append(blocks[i])
+                if i:
+                    self.children[hashes[i - 1]] += 1
+
+
+class IndexedForgetsCopies(IndexedCopies):
+    """Indexed copies, but when the entry's block leaves the cache the copies behind it leave the index too."""
+
+    def _uncache(self, block: Block) -> None:
+        if self.cached.get(block.block_hash or b"") is block:
+            self.copies.pop(block.block_hash or b"", None)
+        super()._uncache(block)
+
+
+class PrefersIdleCopy(NewestOwnsIndex):
+    """A hit takes the index entry's idle copy although a running request holds another with the same tokens:
+    one block more leaves the free queue than the admission needs."""
+
+    def find_cached_prefix(self, tokens: Sequence[int]) -> list[Block]:
+        return PagedPrefixCache.find_cached_prefix(self, tokens)
+
+
+class OverCountsFirstBlock(PagedPrefixCache):
+    """An admission takes one reference too many on the request's first block."""
+
+    def allocate(self, req_id: str, tokens: Sequence[int]) -> int:
+        hit = super().allocate(req_id, tokens)
+        self.req_blocks[req_id][0].ref_cnt += 1
+        return hit
+
+
+class UnchainedHashes(PagedPrefixCache):
+    """A block's hash is its own tokens only, not chained on its parent's: a lookup hits a block that holds the
+    same tokens after another prefix (a wrong-prefix hit: wrong output)."""
+
+    def block_hashes(self, tokens: Sequence[int]) -> list[bytes]:
+        bs = self.block_size
+        return [hash_block(None, tokens[i : i + bs]) for i in range(0, len(tokens) - bs + 1, bs)]
+
+
+class WrongHitBehindLeak(OverCountsFirstBlock, UnchainedHashes):
+    """Both: every admission breaks ref counts first, so a plain run never reaches the wrong-prefix hit."""
+
+
 class BystanderReference(PagedPrefixCache):
     """allocate() also takes a reference on the first block of another live request, outside the new one's table.
 
@@ -331,6 +420,30 @@ class HangsOnReset(ReferencePagedAdapter):
         return super().apply(op)
 
 
+def _newest(cls: type[NewestOwnsIndex]) -> AdapterFactory:
+    def factory() -> Adapter:
+        return ReferenceNewestAdapter(lambda c: cls(c.capacity, c.block_size, hit_cap=True))
+
+    return factory
+
+
+class ReferenceIndexedAdapter(ReferenceNewestAdapter):
+    """The paged pool with every copy of a hash indexed in insertion order (duplicate_keys="indexed")."""
+
+    name = "reference-indexed"
+    capabilities = dataclasses.replace(
+        ReferenceNewestAdapter.capabilities,
+        semantics=Semantics(duplicate_keys="indexed", hit_prefers_held=True),
+    )
+
+
+def _indexed(cls: type[NewestOwnsIndex]) -> AdapterFactory:
+    def factory() -> Adapter:
+        return ReferenceIndexedAdapter(lambda c: cls(c.capacity, c.block_size, hit_cap=True))
+
+    return factory
+
+
 def _paged_bug(
     name: str, invariant: str, cls: type[PagedPrefixCache], max_ops: int, named_first: str = ""
 ) -> SeededBug:
@@ -345,12 +458,20 @@ PAGED_BUGS: tuple[SeededBug, ...] = (
     _paged_bug("leak-on-refusal", "atomic_failure", LeakOnRefusal, 4),  # measured 2
     _paged_bug("floor-rounding", "tail_rounding", FloorRounding, 3),  # measured 1
     _paged_bug("bystander-reference", "ref_count_matches_references", BystanderReference, 4),  # measured 2
-    _paged_bug("share-copies", "share_without_duplication", ShareCopies, 5),  # measured 3
+    SeededBug(  # measured 3; the copy it claims as a hit may be a reused block (hit_keeps_key), or be needless
+        "share-copies",
+        "share_without_duplication",
+        _paged(ShareCopies),
+        _doc(ShareCopies),
+        5,
+        symptoms=frozenset({"hit_keeps_key", "no_needless_allocation"}),
+    ),
     _paged_bug("hit-drops-key", "hit_keeps_key", HitDropsKey, 5),  # measured 3
     _paged_bug("reuse-keeps-index", "cache_index_consistency", ReuseKeepsIndex, 6),  # measured 4
     _paged_bug("lost-on-reclaim", "capacity_conservation", LostOnReclaim, 4),  # measured 2
     _paged_bug("silent-double-release", "bad_input_rejected", SilentDoubleRelease, 3),  # measured 1
-    _paged_bug("drops-entry-on-free", "index_completeness", DropsEntryOnFree, 4),
+    # the freed block is found by no lookup: the lost hit at the release itself (index_completeness follows)
+    _paged_bug("drops-entry-on-free", "release_keeps_cache", DropsEntryOnFree, 4),
     SeededBug(
         "newest-keeps-first",
         "index_completeness",
@@ -367,11 +488,33 @@ PAGED_BUGS: tuple[SeededBug, ...] = (
         8,
         ReferenceNewestAdapter,
     ),
+    _paged_bug("drops-computed-on-free", "release_keeps_cache", DropsComputedOnFree, 8),
+    SeededBug(
+        "newest-forgets-copies",
+        "release_keeps_cache",  # measured; tests/test_lost_hits.py drives its lost hit on admission
+        _newest(NewestForgetsCopies),
+        _doc(NewestForgetsCopies),
+        10,
+        ReferenceNewestAdapter,
+        symptoms=frozenset({"no_lost_hit"}),
+    ),
+    SeededBug(
+        "indexed-forgets-copies",
+        "release_keeps_cache",  # measured: the copy a release leaves is found by no lookup
+        _indexed(IndexedForgetsCopies),
+        _doc(IndexedForgetsCopies),
+        10,
+        _indexed(IndexedCopies),
+        symptoms=frozenset({"no_lost_hit"}),
+    ),
+    # the lost hit itself, judged against the pool (refinement off: the safety check must see it)
+    _paged_bug("short-chain-lost-hit", "no_lost_hit", ShortChain, 5),
     _paged_bug("no-eviction-on-admit", "predicted_admission", NoEvictionOnAdmit, 5),  # measured 3
-    _paged_bug("short-chain", "predicted_prefix_hits", ShortChain, 5),  # measured 3
+    # the hit it under-reports is a lost hit, judged against the pool before the spec's prediction
+    _paged_bug("short-chain", "predicted_prefix_hits", ShortChain, 5, "no_lost_hit"),  # measured 3
     _paged_bug("most-recent-evicted", "predicted_eviction", MostRecentEvicted, 5),  # measured 3
-    # the reclaims it should not make are named first; the free capacity it loses is reported too
-    _paged_bug("eager-reclaim", "predicted_free_capacity", EagerReclaim, 4, "predicted_eviction"),  # measured 2
+    # the cache it drops on a kept release is named first; the free capacity it loses is reported too
+    _paged_bug("eager-reclaim", "predicted_free_capacity", EagerReclaim, 4, "release_keeps_cache"),  # measured 2
     SeededBug("raises-on-resume", "adapter_contract", RaisesOnResume, _doc(RaisesOnResume), 4),  # measured 3
 )
 
@@ -612,10 +755,29 @@ HANG = SeededBug("hangs-on-reset", "adapter_contract", HangsOnReset, _doc(HangsO
 
 SEEDED_BUGS: tuple[SeededBug, ...] = PAGED_BUGS + LIFECYCLE_BUGS + SCHEDULER_BUGS + POLICY_BUGS
 
+LONG_SEARCH_BUGS: tuple[SeededBug, ...] = (
+    SeededBug(
+        "prefers-idle-copy",
+        "no_needless_allocation",
+        _newest(PrefersIdleCopy),
+        _doc(PrefersIdleCopy),
+        6,  # measured 4 (Hypothesis) and 5 (swarm), refinement off
+        ReferenceNewestAdapter,
+        symptoms=frozenset({"no_spurious_refusal"}),  # the block it wastes refuses the next admission
+    ),
+)
+"""Bugs that need two copies of one block, one of them held (two requests appending the same tokens): beyond
+the catalogue's 20-step examples, found by both engines under the ci profile (tests/test_lost_hits.py)."""
+
 
 def by_name(name: str) -> SeededBug:
     """The seeded bug called ``name``."""
     return next(bug for bug in (*SEEDED_BUGS, HANG) if bug.name == name)
+
+
+def short_chain() -> Adapter:
+    """The short-chain bug (every hit under-reported: a lost hit), loadable by path for trace recording."""
+    return by_name("short-chain").factory()
 
 
 def forget_decrement() -> Adapter:

@@ -124,23 +124,25 @@ def test_a_free_count_that_includes_cached_free_blocks_is_named_as_a_double_coun
     assert problems and "cached unreferenced block(s) that are objects too" in problems[0]
 
 
-def test_newest_duplicate_takes_the_index_and_the_older_block_is_lost_once_the_owner_goes() -> None:
-    """duplicate_keys="newest": the ledger and the reference pool that implements it agree on a short history."""
+def test_newest_duplicate_takes_the_index_and_the_older_copy_takes_it_back_once_the_owner_goes() -> None:
+    """duplicate_keys="newest": the ledger and the reference pool that implements it agree on a short history; the
+    older copy stays findable behind the newest (no value of duplicate_keys loses a copy the pool holds)."""
     config = Config(capacity=4, block_size=2)
     model = LedgerModel(config, Semantics(duplicate_keys="newest"))
     ops = [
         Op("admit", "a", (1,)),
         Op("append", "a", (2,)),  # a's block becomes full: keyed (1, 2)
         Op("admit", "b", (1,)),  # a partial block: no hit
-        Op("append", "b", (2,)),  # a duplicate of (1, 2): b's block takes the entry
+        Op("append", "b", (2,)),  # a duplicate of (1, 2): b's block takes the entry, a's behind it
     ]
     for op in ops:
         assert model.step(op).outcome.status == "ok"
     obs = model.observe()
     a_block, b_block = obs.requests["a"].objects[0], obs.requests["b"].objects[0]
     key = obs.objects[a_block].key
-    assert obs.objects[b_block].key == key and obs.index == {key: (b_block,)}
-    assert model.step(Op("release", "b", keep=False)).lost == (key,)  # the owner's key went; a's is unreachable
+    assert obs.objects[b_block].key == key and obs.index == {key: (b_block, a_block)}
+    assert model.step(Op("release", "b", keep=False)).lost == ()  # the owner's key went; a's copy takes the entry
+    assert model.observe().index == {key: (a_block,)}
     assert replay_ops(ReferenceNewestAdapter(), config, [*ops, Op("release", "b", keep=False)]) is None
 
 

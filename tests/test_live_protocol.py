@@ -19,8 +19,8 @@ from fake_live_server import FakeServer
 from kvspec.adapter import LiveAdapter
 from kvspec.report import ExitCode
 from kvspec.spec.stream import STREAM_INVARIANT_NAMES
-from stateful_tests.dispatch import check_adapter
-from stateful_tests.options import LiveTarget, Options
+from kvspec.stateful_tests.dispatch import check_adapter
+from kvspec.stateful_tests.options import LiveTarget, Options
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 0  # a seed whose exact prompts include a whole-block repeat (where the hit cap bites)

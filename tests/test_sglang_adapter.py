@@ -16,11 +16,11 @@ pytest.importorskip(
 
 from sglang_bugs import SGLANG_BUGS, SglangBug
 
-from kvspec.adapters.sglang_inprocess import SglangAdapter
+from kvspec.adapters.sglang_inprocess import CONTRACTS, SglangAdapter
 from kvspec.spec import Config, Op
 from kvspec.spec.invariants import RADIX_INVARIANTS
 from kvspec.spec.radix_view import radix_view
-from kvspec.stateful_tests import PROFILES, Harness, Options, run_check
+from kvspec.stateful_tests import PROFILES, Harness, Options, replay_ops, run_check
 
 STARTUP = 300.0
 """Step timeout, which also bounds each adapter start: importing SGLang takes ~20 s idle, over 120 s on loaded cores."""
@@ -52,6 +52,12 @@ def test_conformance_passes(tmp_path: Path) -> None:
         assert verdicts[inv.name] == "held", inv.name
     for situation in ("evict", "prefix_hit", "admit:refused", "append:refused", "reclaim"):
         assert result.tally.coverage[situation] > 0, situation
+    # Every declared misuse contract is drawn (the report's coverage, contract:OP:NAME:STATUS) and, in this
+    # search, kept: the unchecked allocations it refuses found nothing to evict (the next test's case does).
+    coverage = result.report().to_json()["coverage"]
+    for contract in sorted(CONTRACTS):
+        assert any(key.startswith(f"contract:{contract}:") for key in coverage), (contract, coverage)
+    assert coverage.get("contract:admit:unchecked:refused", 0) > 0, coverage
 
 
 def test_a_shared_prefix_is_one_locked_path(adapter: SglangAdapter) -> None:
@@ -84,6 +90,38 @@ def test_refused_admit_leaves_no_lock(adapter: SglangAdapter) -> None:
     view = radix_view(adapter.observe())
     assert view is not None
     assert view.protected_size == 2 and set(view.locks) == {"a"}
+
+
+UNCHECKED_SHORT = [
+    Op("admit", "a", (1, 2, 3)),  # a holds [1, 2] (in the tree, locked) and [3]
+    Op("admit", "b", (4, 5, 6)),
+    Op("release", "b"),  # [4, 5] cached and evictable, [6] freed: 1 page free, 1 evictable
+    Op("admit", "c", (7, 8, 9, 10, 11), contract="unchecked"),  # 3 pages: no room even after eviction
+]
+"""The minimal case of SGLang's unchecked allocation (4 pages of 2 slots): it evicts, then finds no room."""
+
+
+def test_an_unchecked_allocation_evicts_the_cache_before_it_fails(adapter: SglangAdapter) -> None:
+    """admit:unchecked: no PrefillAdder budget first. ``alloc_paged_token_slots_extend`` evicts the tree for the
+    shortfall, then its allocator's ``alloc_extend`` returns None and it raises out of memory: the refusal has
+    evicted the cached page (SGLang 0.5.23's own behaviour, not atomic). The budgeted admission refuses first."""
+    config = Config(capacity=4, block_size=2)
+    outcomes = run(adapter, config, *UNCHECKED_SHORT)
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok", "refused"], outcomes
+    assert [e.key for e in adapter.events()] == [(4, 5)]  # evicted by the refused allocation
+    found = replay_ops(SglangAdapter(), config, UNCHECKED_SHORT)
+    assert found is not None and found.step == 3 and found.invariant == "atomic_failure", found
+    assert any("emitted 1 event" in p for p in found.failures["atomic_failure"]), found.failures
+    checked = [*UNCHECKED_SHORT[:-1], Op("admit", "c", (7, 8, 9, 10, 11))]
+    assert replay_ops(SglangAdapter(), config, checked) is None
+
+
+def test_a_never_admitted_free_changes_nothing(adapter: SglangAdapter) -> None:
+    """release:never_admitted: the allocator's free of a request that holds no slots (an empty index tensor)
+    within the release; SGLang returns at once (``numel() == 0``). release_kv_cache itself asserts on such a
+    request (its row was never taken), so it is not called twice nor on a stranger."""
+    ops = [Op("admit", "a", (1, 2, 3)), Op("append", "a", (4,)), Op("release", "a", contract="never_admitted")]
+    assert replay_ops(SglangAdapter(), Config(capacity=4, block_size=2), ops) is None
 
 
 def test_preempt_and_resume_recompute(adapter: SglangAdapter) -> None:

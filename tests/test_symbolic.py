@@ -18,6 +18,7 @@ import z3
 from symbolic_bugs import VARIANTS, BuggyEncoding
 
 from kvspec.spec import INVARIANTS, Op
+from kvspec.spec.block_key import BlockKey
 from kvspec.spec.formal.symbolic import (
     SEMANTICS,
     STATUSES,
@@ -29,9 +30,10 @@ from kvspec.spec.formal.symbolic import (
     SymTransition,
 )
 from kvspec.spec.formal.symbolic_invariants import AUXILIARY, SAFETY
-from kvspec.spec.invariants import VIEW_INVARIANTS, KeyMemory, Transition, check_transition
+from kvspec.spec.invariants import LOST_HIT_INVARIANTS, VIEW_INVARIANTS, KeyMemory, Transition, check_transition
 from kvspec.spec.invariants.transition import first_paragraph
-from kvspec.spec.ledger import LedgerModel
+from kvspec.spec.ledger import BlockLedger, LedgerModel
+from kvspec.spec.ledger.base import Request
 
 
 def random_op(rng: random.Random, b: Bounds, live: list[str]) -> Op:
@@ -108,6 +110,23 @@ def agree(sym: Symbolic, model: LedgerModel, op: Op) -> str:
     return step.outcome.status
 
 
+class LossyNewestLedger(BlockLedger):
+    """The ledger NewestEncoding encodes: one index entry per key, the newest block's; when it leaves the cache the
+    key leaves the index and the older copies stay lost (nano-vllm's hash_to_block_id). The spec's own newest keeps
+    them findable behind the entry (docs/formal.md: not encoded)."""
+
+    def _cache_full_blocks(self, request: Request, start: int) -> None:
+        keys = self._block_keys(request)
+        for i in range(start, len(keys)):
+            sid = request.objects[i]
+            assert isinstance(sid, int)
+            self.index[keys[i]] = sid
+            self.slots[sid].key = keys[i]
+
+    def lost(self) -> tuple[BlockKey, ...]:
+        return tuple(s.key for s in self.slots if isinstance(s.key, BlockKey) and s.key not in self.index)
+
+
 AGREEMENT_BOUNDS = (
     Bounds(blocks=3, requests=2, block_size=2),
     Bounds(blocks=4, requests=3, block_size=2),
@@ -124,7 +143,8 @@ def test_the_z3_relation_accepts_exactly_the_python_successor(bounds: Bounds, en
     rng = random.Random(bounds.blocks * 100 + bounds.block_size)
     seen: Counter[str] = Counter()
     for _ in range(25):
-        model = LedgerModel(bounds.config, sym.enc.semantics)
+        ledger: type[LedgerModel] = LossyNewestLedger if encoding is NewestEncoding else LedgerModel
+        model = ledger(bounds.config, sym.enc.semantics)
         for _ in range(12):
             op = random_op(rng, bounds, sorted(model.requests))
             status = agree(sym, model, op)
@@ -161,7 +181,11 @@ def test_a_wrong_successor_is_refused_by_the_relation() -> None:
 
 
 def test_every_safety_invariant_has_a_z3_twin_of_the_same_name() -> None:
-    safety = [inv.name for inv in INVARIANTS if inv.kind == "safety" and inv not in VIEW_INVARIANTS]
+    safety = [
+        inv.name
+        for inv in INVARIANTS
+        if inv.kind == "safety" and inv not in VIEW_INVARIANTS and inv not in LOST_HIT_INVARIANTS
+    ]
     assert list(SAFETY) == safety, "the Z3 twins follow the order of spec.invariants"
     for name, formula in SAFETY.items():
         twin = next(inv for inv in INVARIANTS if inv.name == name)

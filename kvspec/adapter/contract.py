@@ -2,7 +2,11 @@
 
 An adapter translates spec operations into the implementation's own calls and
 projects its internal state into the spec's Observation. It never re-implements
-the allocator it wraps.
+the allocator it wraps, and it shows state as it is: it never filters the
+implementation's index or tables to what a lookup can hit (a stale index entry
+and a partial page are shown like any other), so that the checks, not the
+adapter, decide what is wrong (cache_index_consistency reports an entry that
+names a block not cached under its key).
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ class Capabilities:
       hold a table per request over one pool (spec.kv_groups), so the suite draws
       pools this many times larger and sizes its long prompts by the pool over the
       scale, so that prompts run as long, past windows and chunks, as with one group.
-    observes_index: the observation carries the cache index.
+    observes_index: the observation carries the cache index: the implementation's lookup structure as it is,
+      every entry (one that a lookup's own guard would miss on too: the checks judge it, the adapter never
+      filters it out).
     live: a running server checked from the outside (completions in, events out): it
       implements :class:`LiveAdapter` (``start``, ``complete``, ``check``, ...) instead of
       ``apply``/``observe``, and ``kvspec check`` hands it to the live runner.
@@ -47,11 +53,15 @@ class Capabilities:
       answers bad input from the spec's own validation (``kvspec.spec.ledger.validate``)
       and the adapter never sees it, so an adapter never writes input checks of its own.
     contracts: misuse contracts of a block-level API the adapter can exercise, each
-      ``"OP:NAME"`` (OP one of ``ops``): the machine also draws OP with ``contract=NAME``
-      (e.g. ``"release:repeated"``: the free called again on the freed blocks), which the
-      adapter drives through the implementation's misuse path. The spec judges it as the
-      plain OP, so a failure path that is not atomic, or a repeated free that counts twice,
-      is reported by the invariant it breaks.
+      ``"OP:NAME"`` (OP one of ``ops``): the machine also draws OP with ``contract=NAME``,
+      which the adapter drives through the implementation's misuse path: ``repeated`` (the
+      free called again on the freed request), ``unchecked`` (the allocation with no capacity
+      check first; the allocation failing is the refusal, and what it left is judged),
+      ``never_admitted`` (the plain op plus, in the same step, the engine's free of a request
+      it never admitted: such an op on its own is bad input, which the kit answers before
+      the adapter when ``checks_input`` is False). Declare one only where the engine's own
+      API allows the call. The spec judges it as the plain OP, so a failure path that is not
+      atomic, or a repeated free that counts twice, is reported by the invariant it breaks.
     deltas: the adapter also implements ``observe_delta()`` (:class:`DeltaAdapter`): what a step changed,
       so that the kit, asked to check the whole state only every K steps (``--full-check-every K``),
       checks the changed part on the steps between (spec/delta.py).
@@ -106,7 +116,8 @@ class Adapter(Protocol):
         ...
 
     def observe(self) -> Observation:
-        """Project the implementation's own state into the spec's ledger."""
+        """Project the implementation's own state into the spec's ledger, as it is: every index entry and every
+        table entry the implementation holds, none filtered to what a lookup can hit (the checks judge them)."""
         ...
 
     def events(self) -> list[Event]:

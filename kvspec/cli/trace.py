@@ -49,6 +49,12 @@ def register(subparsers: Any) -> None:
     )
     check.add_argument("--context", type=int, default=3, help="lines shown before the first violation (default 3)")
     check.add_argument(
+        "--first",
+        action="store_true",
+        help="stop at the first violating line (the check and report of kits before the counts); by default the "
+        "whole trace is checked and each violated invariant's violating lines are counted",
+    )
+    check.add_argument(
         "--capacity",
         type=int,
         default=None,
@@ -123,10 +129,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.html is not None:  # the same check, keeping what each line leaves for the picture
         from kvspec.show import trace_run as shown_trace
 
-        traced = shown_trace.check(args.file, args.format, context=args.context, options=options)
+        traced = shown_trace.check(args.file, args.format, context=args.context, options=options, first=args.first)
         result = traced.result
     else:
-        result = check_trace(args.file, args.format, context=args.context, options=options)
+        result = check_trace(args.file, args.format, context=args.context, options=options, first=args.first)
     report = result.report()
     try:
         report.write(args.report)
@@ -172,7 +178,7 @@ def check_interrupted(args: argparse.Namespace) -> None:
     if args.report is not None:
         fmt = args.format if args.format in FORMATS else "auto"
         invariants = FORMATS[fmt].INVARIANTS if fmt in FORMATS else ()
-        TraceResult(str(args.file), fmt, invariants, interrupted=True).report().write(args.report)
+        TraceResult(str(args.file), fmt, invariants, interrupted=True, first=args.first).report().write(args.report)
 
 
 def cmd_record(args: argparse.Namespace) -> int:

@@ -164,6 +164,10 @@ def _verdicts(report: Report, prefix: str = "") -> str:
         if first is not None:
             problems = "; ".join(str(p) for p in first.get("problems", [])[:3])
             detail = f"step {first.get('step')}: {json.dumps(first.get('op'))}: {problems}"
+            if row.violations is not None:  # counted to the end (a trace check without --first)
+                v = row.violations
+                more = " ..." if v.count > len(v.lines) else ""
+                detail += f" ({v.count} violating line(s): {', '.join(map(str, v.lines))}{more})"
         else:
             detail = row.reason or ""
         rows.append(

@@ -61,10 +61,10 @@ class Shot:
 class TraceCheck:
     """A trace checked, with its last replayed lines kept whole for a picture and every line as what it changed.
 
-    ``seen``: the last :data:`KEEP` lines (a failing check stops at its violating line, so the window is always
-    among them); ``total``: every line replayed; ``lines``, ``changes``, ``ops``: per replayed line its number, the
-    objects whose look it changed (FREE: gone) and its op, so an overview of a long log costs what changed in it,
-    not lines times blocks.
+    ``seen``: the last :data:`KEEP` lines (a failing check's watch stops at its violating line, so the window is
+    always among them); ``total``: every line replayed; ``lines``, ``changes``, ``ops``: per replayed line its
+    number, the objects whose look it changed (FREE: gone) and its op, so an overview of a long log costs what
+    changed in it, not lines times blocks.
     """
 
     path: Path
@@ -120,14 +120,17 @@ class _Keeper:
             )
 
 
-def check(path: Path, fmt: str, *, context: int = 3, options: TraceOptions | None = None) -> TraceCheck:
+def check(
+    path: Path, fmt: str, *, context: int = 3, options: TraceOptions | None = None, first: bool = False
+) -> TraceCheck:
     """Check the trace as ``kvspec trace check`` does, keeping what a picture of it needs: a first pass keeps what
-    each line changed; a second replays it again to take the pools of the last :data:`KEEP` lines only."""
+    each line changed; a second replays it again to take the pools of the last :data:`KEEP` lines only. The watch
+    sees the lines up to the first violating one (a check without ``first`` goes on to count the rest unwatched)."""
     counted = _Keeper(None)
-    result = check_trace(path, fmt, context=context, options=options, watch=counted)
+    result = check_trace(path, fmt, context=context, options=options, watch=counted, first=first)
     kept = _Keeper(max(counted.total - KEEP, 0))
     if counted.total:
-        check_trace(path, fmt, context=context, options=options, watch=kept)
+        check_trace(path, fmt, context=context, options=options, watch=kept, first=True)
     return TraceCheck(Path(path), result, list(kept.tail), counted.total, counted.lines, counted.changes, counted.ops)
 
 

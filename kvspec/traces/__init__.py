@@ -4,8 +4,10 @@
 own trace, vLLM's KV cache events, the KVFabric overlay's lifecycle log, a KV
 block side table), replays it, and
 returns a TraceResult: per invariant held, violated or unknown with the lines
-it was checked on, and the first violation with its line and the lines before
-it. A log that cannot be read is an error with its line number, never a crash;
+it was checked on, the first violation with its line and the lines before it,
+and each violated invariant's count of violating lines to the end of the log
+(``first=True``: the check stops at the first violating line). A log that
+cannot be read is an error with its line number, never a crash;
 so is a log in which nothing is a record of the format (a trace of another
 format read with the wrong ``--format``), which must never read as a pass.
 
@@ -14,7 +16,10 @@ A format is one module of this package, listed in ``FORMATS``, with:
 report order), ``recognizes(line) -> bool`` (whether a line is one of its
 records; ``--format auto`` asks it of line 1) and ``check(lines, judge)``
 (``judge.options``: what the command line says about the pool; ``judge.watch``, when set,
-gets a :class:`Seen` per replayed line, for a picture: kvspec/traces/seen.py). A format may also
+gets a :class:`Seen` per replayed line up to the first violating one, for a picture:
+kvspec/traces/seen.py; ``judge.judge`` returns True for a line that broke something, after
+which the format stops when ``judge.first`` and otherwise adopts what the line records and
+goes on). A format may also
 have ``check_path(path, judge)``, which reads the file as a stream (memory bounded by the state it
 keeps, not the file's length); it is used whenever no picture is asked for.
 """
@@ -77,12 +82,15 @@ def check_trace(
     context: int = 3,
     options: TraceOptions | None = None,
     watch: Watch | None = None,
+    first: bool = False,
 ) -> TraceResult:
     """Check the trace at ``path`` in format ``fmt`` (a FORMATS name, or AUTO); exit_code is 0, 1 or 2.
 
     ``context``: how many lines before the first violation the result keeps; ``options``: the
     pool size and policy given on the command line, for logs that do not say them; ``watch``:
-    called with what each line leaves (:class:`Seen`), the violating line included, for a picture.
+    called with what each line leaves (:class:`Seen`) up to and including the first violating
+    line, for a picture; ``first``: stop at the first violating line (``--first``) instead of
+    counting every violation to the end of the trace.
     """
     if fmt != AUTO and fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
@@ -91,18 +99,18 @@ def check_trace(
     judge: Judge | None = None
     try:
         if fmt == AUTO:
-            first = next(iter_lines(Path(path)), None)
-            if first is None:
+            head = next(iter_lines(Path(path)), None)
+            if head is None:
                 raise TraceFormatError(None, "the file holds no trace lines")
-            result.fmt = _detect([first])
+            result.fmt = _detect([head])
             result.invariants = FORMATS[result.fmt].INVARIANTS
         module = FORMATS[result.fmt]
         if watch is None and hasattr(module, "check_path"):  # a streaming reader: the log is never held whole
-            judge = Judge(result, [], context, options, watch)
+            judge = Judge(result, [], context, options, watch, first=first)
             module.check_path(Path(path), judge)
         else:
             lines = read_lines(Path(path))
-            judge = Judge(result, lines, context, options, watch)
+            judge = Judge(result, lines, context, options, watch, first=first)
             _replay(module, lines, judge)
     except TraceFormatError as exc:
         result.error, result.error_line = exc.message, exc.line

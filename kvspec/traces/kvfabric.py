@@ -412,6 +412,35 @@ class KVFabricReplay:
         run.blocks[block_id] = _Block(ref_count=block.ref_count, state="EVICTED")
         return results
 
+    def adopt(self, line: Line) -> None:
+        """After a line that broke something: what the line records about its block is the replay's state.
+
+        The writer's record is the block after the event: its ``ref_count`` (0 or more), ``hit_count``,
+        ``block_hash`` (with ``parent_hash``) and ``state`` replace the replay's where the line gives them.
+        An eviction keeps the replay's result (the record is dropped; a block evicted while held keeps its
+        references, so its release later agrees); a ranking's victims were already taken in the log's order.
+        """
+        run, name, block_id = self.run, line.data.get("event"), line.data.get("block_id")
+        if run is None or name not in BLOCK_EVENTS or name == "block_evicted" or not isinstance(block_id, int):
+            return
+        block = run.blocks.get(block_id)
+        if block is None:
+            return
+        ref = line.opt_int("ref_count")
+        if ref is not None and ref >= 0:
+            run.held += (ref > 0) - (block.ref_count > 0)
+            block.ref_count = ref
+        hits = line.opt_int("hit_count")
+        if hits is not None:
+            block.hit_count = hits
+        recorded = _opt_str(line, "block_hash")
+        if "block_hash" in line.data and recorded != block.block_hash:
+            self._uncache(run, block)  # the orphan count leaves the adopted hash out
+            block.block_hash, block.parent = recorded, _opt_str(line, "parent_hash")
+        state = line.opt(values.string, "state")
+        if state in STATES:
+            block.state = state
+
     def _uncache(self, run: _Run, block: _Block) -> None:
         if block.block_hash is not None and block.indexed:
             run.orphans.remove(block.block_hash, block.parent)
@@ -538,6 +567,8 @@ class KVFabricReplay:
             run.victims = None
             return
         expected = run.victims[0]
+        if block_id != expected and block_id in run.victims:  # taken out of order: the ranking goes on from it
+            del run.victims[: run.victims.index(block_id)]
         if consume:
             run.victims.pop(0)
         results["policy_conformance"] = (
@@ -584,7 +615,11 @@ def recognizes(first: Mapping[str, Any]) -> bool:
 
 
 def check(lines: list[Line], judge: Judge) -> None:
-    """Replay a KVFabric lifecycle log; stop at the first violated invariant."""
+    """Replay a KVFabric lifecycle log to its end (with ``judge.first``, to its first violating line).
+
+    After a line that broke something the replay takes the line's own record of its block as the
+    block's state (:meth:`KVFabricReplay.adopt`) and goes on.
+    """
     result = judge.result
     result.quality = quality = TraceQuality()
     replay = KVFabricReplay(judge, quality)
@@ -595,6 +630,8 @@ def check(lines: list[Line], judge: Judge) -> None:
         if judge.watch is not None:
             judge.watch(seen(line, replay.run))
         if judge.judge(line, step, results):
-            return
+            if judge.first:
+                return
+            replay.adopt(line)
     if replay.run is not None and replay.run.policy is None:
         judge.unknown("policy_conformance", "the log names no policy (no tracker_initialized); pass --policy")

@@ -44,6 +44,8 @@ INVARIANTS: tuple[TraceInvariant, ...] = (
 
 # Refinement checks that read only the op, the outcome and the spec's prediction: they run without observations.
 OBSERVATION_FREE = frozenset({"predicted_admission", "predicted_prefix_hits"})
+REFINEMENT = tuple(inv.name for inv in SPEC_INVARIANTS if inv.kind == "refinement")
+"""The checks that compare the recording with the spec's model: a step that breaks one re-synchronises it."""
 
 
 def recognizes(first: Mapping[str, Any]) -> bool:
@@ -145,7 +147,7 @@ def _outcome(line: Line) -> Outcome:
 
 
 def check(lines: list[Line], judge: Judge) -> None:
-    """Replay a kvspec trace through the spec; stop at the first violated invariant."""
+    """Replay a kvspec trace through the spec to its end (with ``judge.first``, to its first violating line)."""
     _check(lines[0], lines[1:], judge)
 
 
@@ -202,11 +204,13 @@ def _check(head: Line, steps: Iterable[Line], judge: Judge) -> None:
     result.quality = quality = TraceQuality()
     if before is None:
         quality.orphans_unknown("the trace records no observations")
+    due = 0  # the step number due next: one past the line's own (after a line out of order, the trace's own)
     for step, line in enumerate(steps):
         judge.at(line)
         number = line.need_int("step")
-        order = [] if number == step else [_order_problem(step, number)]
-        if judge.judge(line, step, {TRACE_ORDER: order}):
+        order = [] if number == due else [_order_problem(due, number)]
+        due = number + 1
+        if judge.judge(line, step, {TRACE_ORDER: order}) and judge.first:
             return  # the step count stays that of the steps replayed
         op, outcome = line.typed(values.op, "op", line.need("op")), _outcome(line)
         events = tuple(event_from_json(e, line.number) for e in line.need_list("events"))
@@ -238,10 +242,40 @@ def _check(head: Line, steps: Iterable[Line], judge: Judge) -> None:
         _measure(quality, line.number, op, outcome, events, before, after, config, semantics)
         if judge.watch is not None:
             judge.watch(Seen(line.number, f"L{line.number}", _pool(after), None, events, op, outcome))
-        if judge.judge(line, step, results):
+        if judge.judge(line, step, results) and judge.first:
             return
+        if model is not None and after is not None and any(results.get(name) for name in REFINEMENT):
+            model = _resync(model, after, memory)  # the implementation parted from the spec's model here
+        if model is None and semantics.exact:
+            _unmodelled(judge)
         judge.passed(line)
-        before = after
+        before = after  # the recorded observation, broken or not, is the state the next step starts from
+
+
+def _resync(model: LedgerModel, after: Observation, memory: KeyMemory) -> LedgerModel | None:
+    """After a step that broke a refinement check: the spec's model takes the recorded observation as its state.
+
+    Where its ledger can (``LedgerModel.adopt``, block granularity: the objects, requests and index as
+    recorded, by the content the checker learned for their keys), so that the refinement checks after it
+    judge what is new and not a consequence of the step. A step that breaks only safety or policy checks
+    leaves the model as it is: its prediction held; what the recording says is what broke. A ledger that
+    adopts nothing (record and entry granularity) goes on from its own state; one that refuses the
+    observation part way is dropped (None): the refinement checks end there.
+    """
+    try:
+        model.adopt(after, memory.content.get, memory.free_order)
+    except NotImplementedError:
+        return model
+    except Exception:  # the ledger may be half taken over: its predictions are no longer the spec's
+        return None
+    return model
+
+
+def _unmodelled(judge: Judge) -> None:
+    """A step after the spec's model was dropped (:func:`_resync`): each refinement check counts it unjudged."""
+    for inv in SPEC_INVARIANTS:
+        if inv.kind == "refinement":
+            judge.cannot_judge(inv.name, "the spec's model could not take the recorded state after a violation")
 
 
 def _observed(line: Line, base: Base | None, version: int) -> tuple[Observation | None, Base | None]:

@@ -36,6 +36,7 @@ from .seen import LEAVING, Pool, Seen, block_pool, look, short
 SIDE_TABLE_SCHEMA = 1
 DESCRIPTION = "per-block lifecycle events"
 
+BLOCK_EVENTS = ("block_allocated", "block_sealed", "block_touched", "ref_count_changed", "block_evicted")
 EVENTS = (
     "prefix_lookup",
     "block_allocated",
@@ -120,6 +121,7 @@ class SideTableLedger:
     orphans: OrphanCounter = field(default_factory=OrphanCounter)
     parents: dict[int, Hashable | None] = field(default_factory=dict)  # cached block -> its parent's hash
     chains: dict[Hashable, Hashable | None] = field(default_factory=dict)  # hash -> the hash before it in a lookup
+    evicted_held: int = 0  # the references the block evicted last held as it went (for adopt)
 
     def _cache_quality(self, line: Line, block_id: int, block_hash: Hashable) -> None:
         """A block entered the cache: regret if its hash was evicted before; its place in the orphan count."""
@@ -194,9 +196,11 @@ class SideTableLedger:
         n = self.header.num_blocks
         if n is not None:
             # Engines number blocks differently (vLLM's block 0 is a reserved null block): count ids, not ranges.
-            seen = len(self.blocks) + (block_id not in self.blocks)
+            # Each id past the pool's breaks it once, where it first shows (the ids before it are the pool's).
+            new = block_id not in self.blocks
+            seen = len(self.blocks) + new
             results["allocated_once_within_pool"] = (
-                [] if seen <= n else [f"block {block_id} is the {seen}th distinct block id in a pool of {n}"]
+                [] if seen <= n or not new else [f"block {block_id} is the {seen}th distinct block id in a pool of {n}"]
             )
         return block_id, self.block(block_id), results
 
@@ -327,6 +331,7 @@ class SideTableLedger:
         if block.block_hash is not None:
             self._unindex(block_id, block.block_hash)
             self._uncache_quality(line, block_id, block.block_hash)
+        self.evicted_held = block.ref_count
         self.blocks[block_id] = block = _Block("evicted")
         self._recorded(line, block_id, block, results, skip=("ref_count", "hit_count", "block_hash"))
         return results
@@ -422,6 +427,41 @@ class SideTableLedger:
         line.opt(values.string, "reason")
         return {}
 
+    def adopt(self, line: Line) -> None:
+        """After a line that broke something: what the line records about its block is the ledger's state.
+
+        A recorded ``ref_count`` (0 or more), ``hit_count``, ``block_hash`` (re-indexed) and ``state``
+        replace the ledger's. An eviction records the block as it goes: a block evicted while it holds
+        references keeps them, uncached (``allocated``), so that its release agrees.
+        """
+        name, block_id = line.data.get("event"), line.data.get("block_id")
+        if name not in BLOCK_EVENTS or not isinstance(block_id, int) or block_id not in self.blocks:
+            return
+        block = self.blocks[block_id]
+        ref = line.opt_int("ref_count")
+        if name == "block_evicted":
+            held = ref if ref is not None and ref >= 0 else self.evicted_held
+            if held:
+                self.blocks[block_id] = _Block("allocated", held)
+            return
+        if ref is not None and ref >= 0:
+            block.ref_count = ref
+        hits = line.opt_int("hit_count")
+        if hits is not None:
+            block.hit_count = hits
+        raw = line.data.get("block_hash")
+        recorded = None if raw is None else _hash(line, "block_hash", raw)
+        if "block_hash" in line.data and recorded != block.block_hash:
+            if block.block_hash is not None:
+                self._unindex(block_id, block.block_hash)
+                self._uncache_quality(line, block_id, block.block_hash)
+            block.block_hash = recorded
+            if recorded is not None:
+                self.index.setdefault(recorded, []).append(block_id)
+        state = line.opt(values.choice, "state", allowed=STATES)
+        if state is not None:
+            block.state = state
+
     def _unindex(self, block_id: int, block_hash: Hashable) -> None:
         holders = self.index.get(block_hash, [])
         if block_id in holders:
@@ -436,7 +476,11 @@ def recognizes(first: Mapping[str, Any]) -> bool:
 
 
 def check(lines: list[Line], judge: Judge) -> None:
-    """Replay a side-table log; stop at the first violated invariant."""
+    """Replay a side-table log to its end (with ``judge.first``, to its first violating line).
+
+    After a line that broke something the ledger takes what the line records about its block
+    (:meth:`SideTableLedger.adopt`) and goes on; ``seq`` and ``ts`` go on from the line's own.
+    """
     header = Header()
     events = lines
     if "kvspec_side_table" in lines[0].data:
@@ -478,7 +522,8 @@ def check(lines: list[Line], judge: Judge) -> None:
             if last_ts is not None and ts < last_ts:
                 order.append(f"ts {ts} is before the previous event's ts {last_ts}")
             last_ts = ts
-        if judge.judge(line, step, {"trace_order": order if seq is not None or ts is not None else None}):
+        ordered = order if seq is not None or ts is not None else None
+        if judge.judge(line, step, {"trace_order": ordered}) and judge.first:
             return
         results = ledger.apply(line)
         result.steps += 1
@@ -486,6 +531,8 @@ def check(lines: list[Line], judge: Judge) -> None:
         if judge.watch is not None:
             judge.watch(ledger.seen(line))
         if judge.judge(line, step, results):
-            return
+            if judge.first:
+                return
+            ledger.adopt(line)
     if not result.checked.get("trace_order"):
         judge.unknown("trace_order", "the events carry neither seq nor ts")

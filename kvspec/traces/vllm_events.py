@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvspec.report import SAMPLE_LINES
 from kvspec.spec import Event, ObjectView, Observation
 from kvspec.spec.stream import STREAM_INVARIANTS, StreamCheck, StreamResult
 
 from . import values
 from .lines import Line, TraceFormatError, iter_lines, parse_line, raw_lines
-from .result import Judge, TraceInvariant, TraceViolation
+from .result import Judge, Tally, TraceInvariant, TraceResult, TraceViolation
 from .seen import CACHED, FREE, LEAVING, Pool, Seen, Watch, short
 from .vllm_batch import DECODE
 
@@ -189,6 +190,8 @@ class _Located:
         # batch index -> (line, position, lines before), for the batches that broke something
         self.batches: dict[int, tuple[Read, int, list[Read]]] = {}
         self.last: tuple[Read, int, list[Read]] | None = None
+        self._by_id: dict[str, int] | None = None
+        self._by_time: dict[float, int] = {}
 
     @staticmethod
     def _place(found: tuple[Read, int, list[Read]]) -> _Place:
@@ -223,6 +226,31 @@ class _Located:
             assert self.last is not None
             return self._place(self.last)
         return place
+
+    def line_of(self, where: Mapping[str, Any]) -> int:
+        """The number of the line :meth:`place` finds for ``where``, without reading the log again."""
+        if "batch" in where and int(where["batch"]) in self.batches:
+            return _number(self.batches[int(where["batch"])][0])
+        if self._by_id is None:  # the first request (snapshot) of each id (time), as place() finds it
+            self._by_id, self._by_time = {}, {}
+            for line, kind in self._kept:
+                if kind == "request":
+                    self._by_id.setdefault(str(line.data["request"].get("id")), line.number)
+                elif kind == "metrics":
+                    self._by_time.setdefault(float(line.data["metrics"]["ts"]), line.number)
+        found = None
+        if "request" in where:
+            found = self._by_id.get(str(where["request"]))
+        elif "metrics" in where:
+            found = self._by_time.get(float(where["metrics"]))
+        if found is not None:
+            return found
+        assert self.last is not None
+        return _number(self.last[0])
+
+
+def _number(item: Read) -> int:
+    return item.number if isinstance(item, Line) else item[0]
 
 
 FirstRead = Iterable[tuple[str | None, Line | None]]
@@ -376,14 +404,14 @@ def _feed(second_read: Iterable[Read], check: StreamCheck, located: _Located, ju
     ``window`` holds the line read last and the ``judge.context`` lines before it (a finding's context).
     """
     ledger_result = check.ledger.result
-    violations, first_violation = ledger_result.violations, ledger_result.first_violation
+    violations = ledger_result.violations  # with ``kept``: a batch that a finding may point at changes them
     window: deque[Read] = deque(maxlen=judge.context + 1)
     index = position = 0
     for position, item in enumerate(second_read):
         window.append(item)
         if DECODE is not None and not isinstance(item, Line) and (typed := DECODE(item[1])) is not None:
             judge.current = item[0]
-            found = (len(violations), len(first_violation))
+            found = (len(violations), ledger_result.kept)
             check.events(typed.seq, typed.ts, typed.events)
         else:
             line = _parsed(item)
@@ -391,9 +419,9 @@ def _feed(second_read: Iterable[Read], check: StreamCheck, located: _Located, ju
                 continue
             judge.at(line)
             validate(line)
-            found = (len(violations), len(first_violation))
+            found = (len(violations), ledger_result.kept)
             check.batch(line.data)
-        if (len(violations), len(first_violation)) != found:
+        if (len(violations), ledger_result.kept) != found:
             located.batches[index] = (item, position, list(window)[:-1])
         index += 1
     if window:
@@ -431,6 +459,15 @@ def _violations(stream: StreamResult, located: _Located, judge: Judge) -> None:
                 "problems": list(found["problems"])[:5],
                 "context": [],
             }
+    _tally(stream, located, result)
+
+
+def _tally(stream: StreamResult, located: _Located, result: TraceResult) -> None:
+    """Each violated invariant's places (a batch, a request record, a snapshot: a line each) as its tally."""
+    for name in stream.violated:
+        lines = list(dict.fromkeys(located.line_of(where) for where in stream.places.get(name, ())))[:SAMPLE_LINES]
+        if lines:
+            result.tallies[name] = Tally(stream.place_counts[name], lines, lines[-1])
 
 
 def _watch(lines: list[Line], kinds: list[str | None], config: Mapping[str, Any], watch: Watch) -> None:

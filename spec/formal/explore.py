@@ -428,7 +428,8 @@ def _search(
                 step = work.step(op)
                 after = work.observe()
                 result.states += 1
-                t = Transition(before, op, step.outcome, _events(step), after, config, semantics, KeyMemory())
+                memory = KeyMemory.of_state(before)
+                t = Transition(before, op, step.outcome, _events(step), after, config, semantics, memory)
                 broken = {}
                 for inv in judged:
                     problems = inv.check(t)

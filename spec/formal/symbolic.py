@@ -773,7 +773,8 @@ class Encoding:
         )
 
     def _free(self, s: SymState, op: SymOp, r: Mapping[str, Any], *, keep: Term, release: Term) -> SymStep:
-        """``BlockLedger._drop_references``: tail block first; a block at ref_count 0 joins the queue's tail."""
+        """``BlockLedger._drop_references``: tail block first; a block at ref_count 0 joins the queue's tail; kept,
+        a full block no other block holds the key of takes it."""
         N = self.bounds.blocks
         n_ = range(N)
         nb, row = r["nb"], r["tab"]
@@ -784,17 +785,31 @@ class Encoding:
         reclaimed = [z3.BoolVal(False)] * N
         start = self.ref_counts_at_free(s, nb, row)
         ref = list(start)
+        B = self.bounds.block_size
         for j in range(N - 1, -1, -1):
             held = self.num(j) < nb
+            pref = r["tbits"] & self.mask((j + 1) * B)
+            # A kept full block that holds no key takes its key if no other block holds it: the last copy of
+            # what the request computed stays cached (an unkeyed duplicate whose owner was evicted meanwhile).
+            orphaned = z3.And(
+                keep,
+                self.num((j + 1) * B) <= r["tlen"],
+                z3.Not(
+                    z3.Or(
+                        *[z3.And(hashed[u], klen[u] == self.num(j + 1), kbits[u] == pref, z3.Not(lost[u])) for u in n_]
+                    )
+                ),
+            )
             enqueued = []
             for t in n_:
                 drop = self.drops_reference(z3.And(held, row[j] == self.num(t)), start[t])
                 zeroed = z3.And(drop, ref[t] - one == zero)
                 reclaim = z3.And(zeroed, hashed[t], z3.Not(keep))
+                keyed = z3.And(zeroed, orphaned, z3.Not(hashed[t]))
                 ref[t] = z3.If(drop, ref[t] - one, ref[t])
-                klen[t] = z3.If(reclaim, zero, klen[t])
-                kbits[t] = z3.If(reclaim, self.bits(0), kbits[t])
-                hashed[t] = z3.And(hashed[t], z3.Not(reclaim))
+                klen[t] = z3.If(reclaim, zero, z3.If(keyed, self.num(j + 1), klen[t]))
+                kbits[t] = z3.If(reclaim, self.bits(0), z3.If(keyed, pref, kbits[t]))
+                hashed[t] = z3.Or(z3.And(hashed[t], z3.Not(reclaim)), keyed)
                 lost[t] = z3.And(lost[t], z3.Not(reclaim))
                 reclaimed[t] = z3.Or(reclaimed[t], reclaim)
                 wipe = z3.And(zeroed, z3.Not(hashed[t]))

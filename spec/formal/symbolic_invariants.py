@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import z3
 
-from ..invariants import INVARIANTS, VIEW_INVARIANTS
+from ..invariants import INVARIANTS, LOST_HIT_INVARIANTS, VIEW_INVARIANTS
 from .symbolic import (
     ABSENT,
     ADMIT,
@@ -305,11 +305,14 @@ _FORMULAS: dict[str, TransitionFormula] = {
 }
 
 SAFETY: dict[str, TransitionFormula] = {
-    inv.name: _FORMULAS[inv.name] for inv in INVARIANTS if inv.kind == "safety" and inv not in VIEW_INVARIANTS
+    inv.name: _FORMULAS[inv.name]
+    for inv in INVARIANTS
+    if inv.kind == "safety" and inv not in VIEW_INVARIANTS and inv not in LOST_HIT_INVARIANTS
 }
 """Every safety invariant of spec.invariants but those over a view beside the ledger (VIEW_INVARIANTS: the
-encoding has no radix tree, and one table per request with no window), by the same name, in the same order
-(a new one without a Z3 twin fails here, at import)."""
+encoding has no radix tree, and one table per request with no window) and the lost-hit checks
+(LOST_HIT_INVARIANTS: not encoded yet, see there), by the same name, in the same order (a new one without a Z3
+twin fails here, at import)."""
 
 
 # -- auxiliary invariants (strengthening for induction) ------------------------------------------------

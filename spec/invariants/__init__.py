@@ -17,6 +17,7 @@ from ..ops import Semantics
 from .free_list import FREE_LIST_SAFETY
 from .hybrid import HYBRID_SAFETY
 from .key_memory import KeyMemory
+from .lost_hits import LOST_HIT_POLICY, LOST_HIT_SAFETY
 from .policy import POLICY
 from .policy_quality import PolicyQuality, eviction_choices, orphaned_blocks
 from .radix import RADIX_POLICY, RADIX_SAFETY
@@ -29,8 +30,10 @@ INVARIANTS: tuple[Invariant, ...] = (
     *RADIX_SAFETY,
     *SAFETY,
     *FREE_LIST_SAFETY,
+    *LOST_HIT_SAFETY,
     *REFINEMENT,
     *POLICY,
+    *LOST_HIT_POLICY,
     *RADIX_POLICY,
 )
 """Every invariant, in the order a report names a step's broken invariants: safety first (within a kind,
@@ -41,7 +44,9 @@ RadixView; their safety checks come first, as the tree-level cause of the block-
 ones (spec.invariants.hybrid) apply only to an implementation that declares several KV cache groups
 (Semantics.layout ``per_group``), and the checks that read one table per request only to the others. The
 free-list one (spec.invariants.free_list) applies only to an adapter that shows its free list (a FreeListView);
-it comes after the ledger's safety checks, whose names it leaves first where both fire."""
+it comes after the ledger's safety checks, whose names it leaves first where both fire. The lost-hit checks
+(spec.invariants.lost_hits: judged against what the pool holds, not the index) come after those, so that adding
+them renamed no earlier counterexample."""
 
 RADIX_INVARIANTS: tuple[Invariant, ...] = (*RADIX_SAFETY, *RADIX_POLICY)
 """The invariants over a radix tree's RadixView (spec.radix_view): they apply only to adapters that show one, and
@@ -54,6 +59,12 @@ cache groups; the block ledger's Z3 encoding has one table per request and no wi
 FREE_LIST_INVARIANTS: tuple[Invariant, ...] = FREE_LIST_SAFETY
 """The invariant over an allocator's FreeListView (spec.free_list_view): it applies only to adapters that show one; the
 block ledger's Z3 encoding counts free blocks and keeps no list, so it has no twin of it."""
+
+LOST_HIT_INVARIANTS: tuple[Invariant, ...] = (*LOST_HIT_SAFETY, *LOST_HIT_POLICY)
+"""The invariants judged against what the pool holds (spec.invariants.lost_hits). The block ledger's Z3 encoding
+has no twin of them yet: its ``newest`` is the one-entry-per-hash index that forgets older copies (their lost hits
+are what no_lost_hit reports), and its ``unkeyed`` drops an uncached duplicate's tokens on free; the Python spec
+does neither (docs/formal.md)."""
 
 VIEW_INVARIANTS: tuple[Invariant, ...] = (*RADIX_INVARIANTS, *HYBRID_INVARIANTS, *FREE_LIST_INVARIANTS)
 """The invariants that read what an adapter shows beside the ledger (a RadixView, a HybridView or a FreeListView)."""
@@ -118,6 +129,7 @@ __all__ = [
     "HYBRID_INVARIANTS",
     "Invariant",
     "KeyMemory",
+    "LOST_HIT_INVARIANTS",
     "Kind",
     "PolicyQuality",
     "RADIX_INVARIANTS",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..block_key import BlockKey, Prefix, block_keys
 from ..delta import whole
 from ..ledger import Content
-from ..observation import RequestView
+from ..observation import Observation, RequestView
 from ..ops import Semantics
 from ..policies import BLOCK_ORDERS
 from .policy_quality import PolicyQuality
@@ -45,9 +45,29 @@ class KeyMemory:
     # which duplicate of a key is the oldest or the newest, from the observations, not the index's order.
     keyed: dict[Hashable, tuple[Hashable, int]] = field(default_factory=dict)
     keyed_seq: int = 0
+    # Block granularity: the objects that carry each key, as of the state last learned (the next step's before):
+    # what the pool holds, whatever the index says (no_lost_hit and its twins read it).
+    holders: dict[Hashable, set[Hashable]] = field(default_factory=dict)
+    # Block granularity: the live requests whose last admission hit nothing (the admission gate's cold ones).
+    cold: set[str] = field(default_factory=set)
     # Block granularity, steps taken as deltas: the eviction candidates ranked by the declared order, kept from
     # step to step (built from the whole state when a delta step first needs it; None on the full-check path).
     ranking: CandidateRanking | None = None
+
+    @classmethod
+    def of_state(cls, obs: Observation) -> KeyMemory:
+        """A memory of one state and no history (the explicit-state search judges each transition so): which
+        blocks carry each key, and the content of every key that is its own content (the spec's keys)."""
+        memory = cls()
+        for oid, obj in obs.objects.items():
+            if obj.key is None:
+                continue
+            if isinstance(obj.key, (BlockKey, tuple)):
+                memory.content.setdefault(obj.key, obj.key)
+                memory.key_of.setdefault(obj.key, obj.key)
+            memory.holders.setdefault(obj.key, set()).add(oid)
+            memory.keyed[oid] = (obj.key, 0)
+        return memory
 
     def block_keys(self, request: RequestView, block_size: int) -> list[BlockKey]:
         """The spec's keys of the request's full blocks, in order.
@@ -87,6 +107,9 @@ class KeyMemory:
         gone_reqs = set(self.chains) - set(t.after.requests) if touched is None else touched[1] - set(t.after.requests)
         for req in gone_reqs:
             self.chains.pop(req, None)
+            self.cold.discard(req)
+        if t.op.op in ("admit", "resume") and t.outcome.status == "ok" and t.op.req is not None:
+            (self.cold.add if not t.outcome.hit_tokens else self.cold.discard)(t.op.req)
         judged = t if touched is None else whole
         if judged is not None:
             self.quality.add(judged, self, len([e for e in t.events if e.kind == "evict"]))  # reads the order before
@@ -138,15 +161,35 @@ class KeyMemory:
                 oids.update(request.objects)
         self.ranking.update(oids, t.after.objects, self)
 
+    def held(self, key: Hashable) -> set[Hashable]:
+        """The objects that carried ``key`` in the state last learned (a step's before, while it is judged)."""
+        return self.holders.get(key, set())
+
     def _track_keyed(self, t: Transition, left: set[Hashable]) -> None:
-        """Keep ``keyed``: exactly the objects of ``t.after`` that carry a key, numbered when they got it."""
+        """Keep ``keyed``: exactly the objects of ``t.after`` that carry a key, numbered when they got it; and
+        ``holders``, the same objects by key."""
         self.keyed_seq += 1
         for oid, obj in t.after.objects.items():
             seen = self.keyed.get(oid)
             if obj.key is None:
-                self.keyed.pop(oid, None)
+                if seen is not None:
+                    self._unhold(oid, seen[0])
             elif seen is None or seen[0] != obj.key or oid in left:
+                if seen is not None:
+                    self._unhold(oid, seen[0])
                 self.keyed[oid] = (obj.key, self.keyed_seq)
+                self.holders.setdefault(obj.key, set()).add(oid)
         scope = set(self.keyed) if t.touched is None else t.touched[0] | left
         for oid in scope - set(t.after.objects):
-            self.keyed.pop(oid, None)
+            seen = self.keyed.get(oid)
+            if seen is not None:
+                self._unhold(oid, seen[0])
+
+    def _unhold(self, oid: Hashable, key: Hashable) -> None:
+        """``oid`` no longer carries ``key``: out of ``keyed`` and ``holders``."""
+        del self.keyed[oid]
+        holders = self.holders.get(key)
+        if holders is not None:
+            holders.discard(oid)
+            if not holders:
+                del self.holders[key]

@@ -7,8 +7,7 @@ from collections import Counter
 from collections.abc import Hashable
 from dataclasses import replace
 
-from ..block_key import Prefix, block_keys, parent_prefix
-from ..ledger import Content
+from ..block_key import Prefix, parent_prefix
 from ..observation import ObjectView
 from ..ops import blocks_for, size_of
 from ..policies import (
@@ -22,6 +21,7 @@ from ..policies import (
     rank_key,
     retention_score,
 )
+from .lost_hits import best_hit_chain
 from .ranking import RankKey, block_features
 from .transition import ONE_TABLE, Invariant, Problems, Transition, bad_input, eviction_candidates
 
@@ -50,10 +50,10 @@ def no_spurious_refusal(t: Transition) -> Problems:
 
     Evictable: unreferenced cached objects the operation does not hit itself. Holds
     for every eviction order, whatever a policy protects. Judged on every valid
-    admit, resume and append (one that succeeds holds it trivially). Which block a
-    hit takes where several carry its key is the declared duplicate_keys' choice,
-    judged from the objects and when each got its key, not from the index's
-    order (see ``_declared_hit``).
+    admit, resume and append (one that succeeds holds it trivially), against the
+    best choice the pool offered, not the declared one: the prompt blocks the pool
+    holds cached (whatever the index finds), each shared from a running request's
+    copy before an idle duplicate is taken (``lost_hits.best_hit_chain``).
     """
     if t.op.op not in ("admit", "resume", "append") or bad_input(t) is not None:
         return None
@@ -75,7 +75,7 @@ def _room(t: Transition) -> tuple[int, int]:
             assert request is not None
             return blocks_for(len(request.tokens) + len(op.tokens), cfg.block_size) - len(request.objects), len(idle)
         tokens = op.tokens if op.op == "admit" else request.tokens if request is not None else ()
-        hits = _hit_chain(t, tokens)
+        hits = best_hit_chain(t, tokens)
         return blocks_for(len(tokens), cfg.block_size) - len(hits), len(set(idle) - set(hits))
     evictable = sum(o.size for o in idle.values())
     if op.op == "append" and request is not None and request.objects:
@@ -87,40 +87,6 @@ def _room(t: Transition) -> tuple[int, int]:
     if tokens in (before.index or {}):
         return 0, evictable  # a hit takes no new capacity
     return size_of(len(tokens), cfg, sem.granularity), evictable
-
-
-def _hit_chain(t: Transition, tokens: Content) -> list[Hashable]:
-    """The cached blocks an admission of ``tokens`` reuses: the longest chain of cached full blocks, hit-capped."""
-    index, bs = t.before.index or {}, t.config.block_size
-    hits: list[Hashable] = []
-    for content in block_keys(tokens, bs):
-        key = t.memory.key_of.get(content)
-        if key is None or not index.get(key):
-            break
-        hits.append(_declared_hit(t, key, index[key][0]))
-    if t.semantics.hit_cap:
-        hits = hits[: max(len(tokens) - 1, 0) // bs]
-    return hits
-
-
-def _declared_hit(t: Transition, key: Hashable, entry: Hashable) -> Hashable:
-    """The block a lookup of ``key`` takes under the declared duplicate_keys, among the blocks that carry it.
-
-    From the objects of ``t.before`` and when each was first seen with its key
-    (``KeyMemory.keyed``): ``newest`` the block that got the key last; ``indexed``
-    (the index in insertion order, hits taking the first) and ``unkeyed`` the one
-    that got it first. ``entry``, the index's own first entry, only where no object
-    seen so far carries the key.
-    """
-    listed = list(t.before.index.get(key, ()) if t.before.index else ())
-    seen: list[tuple[int, int, Hashable]] = []
-    for oid, obj in t.before.objects.items():
-        mark = t.memory.keyed.get(oid)
-        if obj.key == key and mark is not None:
-            seen.append((mark[1], listed.index(oid) if oid in listed else len(listed), oid))
-    if not seen:
-        return entry
-    return (max(seen) if t.semantics.duplicate_keys == "newest" else min(seen))[2]
 
 
 def _blocks_taken(t: Transition) -> int:

@@ -152,7 +152,7 @@ def share_without_duplication(t: Transition) -> Problems:
                 problems.append(f"uncached block {oid!r} is referenced {n} times")
     if t.op.op not in ("admit", "resume") or t.outcome.status != "ok":
         return problems
-    index = before.index or {}
+    index = before.index if before.index is not None else {}
     if sem.granularity == "entry":
         holders = [o.oid for o in after.objects.values() if o.key == t.op.tokens]
         if len(holders) != 1:
@@ -163,19 +163,24 @@ def share_without_duplication(t: Transition) -> Problems:
         return [*problems, f"admitted request {t.op.req!r} is not live"]
     if sem.granularity == "block":
         bs, n = t.config.block_size, len(request.tokens)
-        chain: list[Hashable] = []  # the implementation's keys of the request's cached full blocks, in order
+        # The implementation's cached copies of the request's full blocks, in order: the entries the index lists
+        # under each key that carry it (a stale entry naming a block that holds other tokens is not a cached copy:
+        # cache_index_consistency reports it).
+        chain: list[list[Hashable]] = []
         for content in t.memory.block_keys(request, bs):
             key = t.memory.key_of.get(content)
-            if key is None or key not in index:
+            listed = index.get(key, ()) if key is not None else ()
+            copies = [oid for oid in listed if (o := before.objects.get(oid)) is not None and o.key == key]
+            if not copies:
                 break
-            chain.append(key)
+            chain.append(copies)
         if sem.hit_cap:
             chain = chain[: (n - 1) // bs]
-        for i, key in enumerate(chain[: len(request.objects)]):
-            if request.objects[i] not in index[key]:
+        for i, copies in enumerate(chain[: len(request.objects)]):
+            if request.objects[i] not in copies:
                 problems.append(
                     f"block {i} of {t.op.req!r} is new object {request.objects[i]!r} although "
-                    f"its prefix was cached as {index[key]!r}"
+                    f"its prefix was cached as {tuple(copies)!r}"
                 )
     else:
         key = request.tokens[: request.prompt_len]

@@ -202,6 +202,12 @@ class LedgerModel:
         observation; a granularity may give less, as long as ``validate`` answers the same)."""
         return self.observe()
 
+    def adopt(
+        self, obs: Observation, content: Callable[[Hashable], Prefix | None], released: Mapping[Hashable, int]
+    ) -> None:
+        """Take an implementation's observed state as this ledger's (block granularity: BlockLedger.adopt)."""
+        raise NotImplementedError(f"the {self.granularity} ledger cannot adopt an observed state")
+
     # -- the protocol ---------------------------------------------------------------
     def observe(self) -> Observation:
         """The spec's own ledger, in the shape adapters report."""

@@ -3,16 +3,17 @@
 ``capacity`` physical slots. A slot with ref_count 0 sits in the free queue
 (LRU: head evicted first), cached or not; a referenced slot never does. The
 index maps each cached key (the block's chained ``BlockKey``, which stands for
-its whole prefix) to the slot found under it; with duplicate_keys="indexed"
-further slots cached under the same key follow in ``duplicates``.
+its whole prefix) to the slot found under it; further slots cached under the same key
+(duplicate_keys ``indexed``: in insertion order; ``newest``: newest first) follow in
+``duplicates``, so that a copy takes the entry when the one before it leaves the cache.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
-from ..block_key import BlockKey, block_keys
+from ..block_key import BlockKey, Prefix, block_keys
 from ..observation import ObjectView, Observation, RequestView
 from ..ops import Config, Op, Outcome, Semantics, blocks_for
 from ..policies import BlockFeatures, OrderParams, child_counts, prefix_depth, victim
@@ -33,6 +34,7 @@ class BlockLedger(LedgerModel, granularity="block"):
         # key kept (_drop_references) or a reset reclaims it; no other step sets a key or a reference on a
         # slot in the free queue. O(1) per step instead of a scan of the pool.
         self._free = config.capacity
+        self._adopted_lost = False  # adopt() took an implementation's state in which some keys are lost
 
     @property
     def free(self) -> int:
@@ -55,14 +57,16 @@ class BlockLedger(LedgerModel, granularity="block"):
         return objects
 
     def lost(self) -> tuple[BlockKey, ...]:
-        """The keys of slots that hold a key the index does not find (duplicate_keys="newest" leaves them).
+        """The keys of slots that hold a key the index does not find: none, by construction.
 
-        Under every other choice a slot gets a key only with its index entry (or as a queued duplicate of
-        it, ``indexed``) and loses the entry only with its key: none, without a scan.
+        A slot gets a key only with its index entry (or queued behind it as a duplicate) and loses the entry
+        only with its key, so the spec never loses a hit; only a ledger re-synchronised to an implementation
+        that lost some (``adopt``) holds such slots, and only then is the pool scanned.
         """
-        if self.semantics.duplicate_keys != "newest":
+        if not self._adopted_lost:
             return ()
-        return tuple(s.key for s in self.slots if isinstance(s.key, BlockKey) and s.key not in self.index)
+        found = {*self.index.values(), *(sid for more in self.duplicates.values() for sid in more)}
+        return tuple(s.key for sid, s in enumerate(self.slots) if isinstance(s.key, BlockKey) and sid not in found)
 
     def _index(self) -> dict[Hashable, tuple[object, ...]]:
         return {key: (sid, *self.duplicates.get(key, ())) for key, sid in self.index.items()}
@@ -163,13 +167,13 @@ class BlockLedger(LedgerModel, granularity="block"):
     def _cache_full_blocks(self, request: Request, start: int) -> None:
         """Give every full block from ``start`` on its key, unless the key is cached already (duplicate_keys).
 
-        Keeps one index entry per key: a duplicate stays uncached, (indexed)
-        queues behind the first, or (newest) takes the entry, the block that held
-        it keeping its key unreachable. Blocks at or past the request's
-        cache_limit (the admission gate) stay uncached.
+        Keeps one index entry per key: a duplicate stays uncached (unkeyed), queues
+        behind the first (indexed), or takes the entry with the older
+        copies queued behind it, newest first (newest). Blocks at or past the
+        request's cache_limit (the admission gate) stay uncached.
         """
         keys = self._block_keys(request)
-        full = len(keys)
+        full = len(keys) if self.semantics.prefix_caching else 0
         if request.cache_limit is not None:
             full = min(full, request.cache_limit)
         for i in range(start, full):
@@ -183,6 +187,7 @@ class BlockLedger(LedgerModel, granularity="block"):
                 self.duplicates.setdefault(key, []).append(sid)
                 self.slots[sid].key = key
             elif self.semantics.duplicate_keys == "newest":
+                self.duplicates.setdefault(key, []).insert(0, self.index[key])
                 self.index[key] = sid
                 self.slots[sid].key = key
 
@@ -206,7 +211,7 @@ class BlockLedger(LedgerModel, granularity="block"):
             hit_blocks += 1
         if self.semantics.hit_cap:
             hit_blocks = min(hit_blocks, (n - 1) // bs)
-        hits = [self.index[keys[i]] for i in range(hit_blocks)]
+        hits = [self._lookup(keys[i]) for i in range(hit_blocks)]
         need = blocks_for(n, bs) - hit_blocks
         leaving_free = sum(1 for sid in hits if sid in self.free_queue)
         if need + leaving_free > len(self.free_queue):
@@ -227,21 +232,36 @@ class BlockLedger(LedgerModel, granularity="block"):
         self._cache_full_blocks(request, hit_blocks)
         return Outcome.ok(hit_blocks * bs)
 
-    def _drop_references(self, request: Request, keep: bool) -> None:
+    def _lookup(self, key: BlockKey) -> int:
+        """The slot a hit on ``key`` takes: the index's entry; with hit_prefers_held, the first copy a request holds."""
+        sid = self.index[key]
+        if self.semantics.hit_prefers_held and not self.slots[sid].ref_count:
+            return next((d for d in self.duplicates.get(key, ()) if self.slots[d].ref_count), sid)
+        return sid
+
+    def _drop_references(self, request: Request, keep: bool, *, key_computed: bool = True) -> None:
         """Drop the request's references, tail block first; a block at ref_count 0 joins the free queue's tail.
 
         Keeps the free queue exactly the slots with ref_count 0. Without ``keep``
-        a freed cached block is reclaimed (unindexed and emptied). With
+        a freed cached block is reclaimed (unindexed and emptied). With ``keep``
+        every full block the request computed stays findable: an uncached
+        duplicate (unkeyed) whose key no other block holds now takes it. With
         free_uncached="head", the freed blocks that hold no key go to the head
         instead, in the same order (the request's tail block first).
         """
         to_head: list[int] = []
-        for sid in reversed(request.objects):
+        keys, limit = request.block_keys, request.cache_limit
+        for i in reversed(range(len(request.objects))):
+            sid = request.objects[i]
             assert isinstance(sid, int)
             slot = self.slots[sid]
             slot.ref_count -= 1
             if slot.ref_count:
                 continue
+            cacheable = self.semantics.prefix_caching and i < len(keys) and (limit is None or i < limit)
+            if keep and key_computed and slot.key is None and cacheable and keys[i] not in self.index:
+                slot.key = keys[i]  # the last copy of what the request computed: cached, not dropped
+                self.index[keys[i]] = sid
             if isinstance(slot.key, BlockKey) and not keep:
                 self._unindex(slot.key, sid)
                 self._reclaimed.append(slot.key)
@@ -258,6 +278,78 @@ class BlockLedger(LedgerModel, granularity="block"):
             self.free_queue[sid] = None
             self.free_queue.move_to_end(sid, last=False)
         request.objects = []
+
+    # -- re-synchronisation ----------------------------------------------------------------
+    def adopt(
+        self, obs: Observation, content: Callable[[Hashable], Prefix | None], released: Mapping[Hashable, int]
+    ) -> None:
+        """Take the implementation's state as this ledger's, after a violation the run steps past.
+
+        Adopted: the objects (ref counts, tokens, hits, keys by the content the checker learned for them),
+        the requests and their tables, and the index as the implementation shows it (an entry the pool
+        does not back is dropped; a key no entry finds stays lost). The spec's own: the slot numbers, the
+        clock, and the free queue's order, kept where a slot's content was in it and otherwise the order in
+        which the checker saw blocks released (``released``), uncached blocks first.
+        """
+        cap = self.config.capacity
+        slot_of: dict[Hashable, int] = {}
+        for oid in obs.objects:  # keep an implementation's slot numbers where they fit the pool
+            if isinstance(oid, int) and 0 <= oid < cap and oid not in slot_of.values():
+                slot_of[oid] = oid
+        spare = iter(sid for sid in range(cap) if sid not in slot_of.values())
+        for oid in obs.objects:
+            if oid not in slot_of:
+                slot_of[oid] = next(spare)
+        old_queue = [self.slots[sid].key for sid in self.free_queue]
+        self.slots = [CacheObject() for _ in range(cap)]
+        for oid, o in obs.objects.items():
+            key = content(o.key) if o.key is not None else None
+            self.slots[slot_of[oid]] = CacheObject(
+                key if isinstance(key, BlockKey) else None, o.tokens, 1, o.ref_count, o.hits or 0, o.last_used or 0
+            )
+        self.requests = {
+            rid: Request(r.tokens, r.prompt_len, [slot_of[o] for o in r.objects if o in slot_of], r.state)
+            for rid, r in obs.requests.items()
+        }
+        for request in self.requests.values():
+            self._block_keys(request)
+        self._adopt_index(obs, slot_of, content)
+        self._adopt_queue(old_queue, {slot_of[o]: n for o, n in released.items() if o in slot_of})
+        self._free = sum(1 for slot in self.slots if not slot.ref_count and slot.key is None)
+
+    def _adopt_index(
+        self, obs: Observation, slot_of: Mapping[Hashable, int], content: Callable[[Hashable], Prefix | None]
+    ) -> None:
+        """The index as ``obs`` shows it, by content; every keyed slot when the implementation shows none."""
+        self.index, self.duplicates = {}, {}
+        shown = obs.index
+        if shown is None:
+            shown = {}
+            for oid, o in obs.objects.items():
+                if o.key is not None:
+                    shown[o.key] = (*shown.get(o.key, ()), oid)
+        for key, oids in shown.items():
+            spec_key = content(key)
+            backed = [slot_of[o] for o in oids if o in slot_of and self.slots[slot_of[o]].key == spec_key]
+            if isinstance(spec_key, BlockKey) and backed and spec_key not in self.index:
+                self.index[spec_key] = backed[0]
+                if backed[1:]:
+                    self.duplicates[spec_key] = backed[1:]
+        found = {*self.index.values(), *(sid for more in self.duplicates.values() for sid in more)}
+        self._adopted_lost = any(s.key is not None and sid not in found for sid, s in enumerate(self.slots))
+
+    def _adopt_queue(self, old_queue: list[Prefix | None], released: Mapping[int, int]) -> None:
+        """The free queue: the unreferenced slots, in the old queue's order of contents where it had them."""
+        by_key: dict[Prefix | None, list[int]] = {}
+        for sid, slot in enumerate(self.slots):
+            if not slot.ref_count:
+                by_key.setdefault(slot.key, []).append(sid)
+        placed = [by_key[key].pop(0) for key in old_queue if by_key.get(key)]
+        rest = sorted(
+            (sid for sids in by_key.values() for sid in sids),
+            key=lambda sid: (self.slots[sid].key is not None, released.get(sid, 0), sid),
+        )
+        self.free_queue = OrderedDict.fromkeys([*placed, *rest])
 
     # -- the operations -------------------------------------------------------------------
     def _admit(self, op: Op) -> Outcome:
@@ -304,7 +396,7 @@ class BlockLedger(LedgerModel, granularity="block"):
         """Free like a kept release; the request stays, preempted, with its tokens."""
         assert op.req is not None
         request = self.requests[op.req]
-        self._drop_references(request, keep=True)
+        self._drop_references(request, keep=True, key_computed=self.semantics.preempt_keeps == "computed")
         request.state = "preempted"
         return Outcome.ok()
 

@@ -13,12 +13,16 @@ class Allocator(PagedPrefixCache):
         if req_id not in self.req_blocks:
             raise ValueError(f"unknown request {req_id!r}")
         blocks = self.req_blocks.pop(req_id)
-        del self.req_tokens[req_id]
-        self.req_cache_limit.pop(req_id, None)
-        for block in reversed(blocks):
+        hashes = self.block_hashes(self.req_tokens.pop(req_id))
+        limit = self.req_cache_limit.pop(req_id, None)
+        for i in reversed(range(len(blocks))):
+            block = blocks[i]
             block.ref_cnt -= 1
             if block.ref_cnt > 0:  # still held by another request
                 continue
+            kept = keep_cached and i < len(hashes) and (limit is None or i < limit)
+            if kept and block.block_hash is None and hashes[i] not in self.cached:
+                self._cache_block(block, hashes, i)  # the last copy of what the request computed stays cached
             if block.block_hash is not None and not keep_cached:
                 self.evictions.append(("reclaim", block.block_id, block.block_hash))
                 self._uncache(block)
