@@ -276,7 +276,9 @@ def test_ttft_is_the_first_token_not_the_headers_and_tpot_the_token_gap() -> Non
     assert r.ok and r.error is None and r.output_tokens == 6 and r.cached_tokens == 0
     # The fake sends headers at once and the first token 150 ms later: a client timing the headers reads ~0.
     assert r.ttft_s is not None and r.ttft_s >= 0.15
-    assert r.tpot_s is not None and 0.02 <= r.tpot_s < 0.2
+    # The gap is timed on the client, where a late read of the first chunk shortens it a little: the
+    # bound only has to tell the token gap (20 ms) from none.
+    assert r.tpot_s is not None and 0.015 <= r.tpot_s < 0.2
 
 
 def test_failures_are_counted_never_raised() -> None:
